@@ -1,0 +1,174 @@
+"""The engine interface every layer above depends on.
+
+An engine generates a batch of continuations from token prefixes. The Lookahead Reasoning loop, the
+verifiers and the serving glue only see :class:`Engine`; each backend (portable PyTorch/transformers,
+TensorRT-LLM, Triton, OpenAI-compatible HTTP) lives in its own module and imports its heavy dependency
+lazily.
+
+Validation errors are raised as :class:`ValueError` (pydantic's ``ValidationError`` is one) and name the
+offending field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FinishReason = Literal["stop", "eos", "length", "cancelled"]
+
+
+class SamplingParams(BaseModel):
+    """How the next token is chosen.
+
+    ``temperature == 0`` means greedy (argmax). Otherwise logits are processed by transformers'
+    ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (in that order, as
+    ``generate`` does) and sampled with a per-request ``torch.Generator`` seeded by ``seed``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; > 0 samples")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass in (0, 1]")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 disables")
+    seed: int | None = Field(None, ge=0, description="per-request RNG seed; None = nondeterministic")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SpecDecodeConfig(BaseModel):
+    """Token-level speculative decoding inside one generation.
+
+    ``ngram``: prompt lookup as vLLM's ``ngram`` method: match the last ``prompt_lookup_max`` ..
+    ``prompt_lookup_min`` tokens against earlier context and propose the ``num_speculative_tokens``
+    tokens that followed the most recent match. ``draft_model``: a second engine proposes
+    ``num_speculative_tokens`` tokens. Proposals are verified in one target forward; greedy output is
+    identical to plain decoding and sampled output follows the target distribution (speculative
+    rejection sampling, Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: Literal["none", "ngram", "draft_model"] = "none"
+    num_speculative_tokens: int = Field(0, ge=0, le=64)
+    prompt_lookup_max: int = Field(2, ge=1)
+    prompt_lookup_min: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "SpecDecodeConfig":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
+        if self.method != "none" and self.num_speculative_tokens == 0:
+            raise ValueError(f"num_speculative_tokens must be > 0 for method {self.method!r}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none" and self.num_speculative_tokens > 0
+
+
+NO_SPEC = SpecDecodeConfig()
+GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One continuation to generate.
+
+    Attributes:
+        prompt_ids: prefix token ids (non-empty, each in ``[0, vocab_size)``).
+        max_new_tokens: cap on generated tokens (> 0; prompt + this must fit the context window).
+        stop: stop strings matched on decoded text; generation ends with the token that completes a stop
+            string, and that token stays in the output (so a step is a span of whole tokens).
+        sampling: see :class:`SamplingParams`.
+        spec: token-level speculative decoding, see :class:`SpecDecodeConfig`.
+        request_id: optional caller id (used for cancellation and logs).
+    """
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = GREEDY
+    spec: SpecDecodeConfig = NO_SPEC
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        # Normalise lists to tuples so requests are hashable and immutable.
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+
+@dataclass
+class GenerationCounters:
+    """Work done for one request (all counts in tokens unless named otherwise)."""
+
+    forward_passes: int = 0
+    prefill_tokens_computed: int = 0
+    prefill_tokens_cached: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: "GenerationCounters") -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced.
+
+    Attributes:
+        token_ids: new tokens only (the prompt is not repeated).
+        text: decoded ``token_ids``.
+        finish_reason: ``stop`` (a stop string completed), ``eos`` (an EOS id was generated; it is kept
+            in ``token_ids``), ``length`` (``max_new_tokens`` reached) or ``cancelled``.
+        counters: :class:`GenerationCounters`.
+    """
+
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason
+    counters: GenerationCounters = field(default_factory=GenerationCounters)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A batch text-generation engine with tokenizer access.
+
+    ``agenerate`` is the primary call (asyncio); ``generate`` is its blocking twin. Requests of one call
+    may be batched together and with other callers' requests (in-flight batching); results come back in
+    request order. Invalid requests raise ``ValueError`` naming the field before any work starts.
+    """
+
+    name: str
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]: ...
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def close(self) -> None: ...
+
+
+def run_sync(coro):
+    """Run ``coro`` to completion from synchronous code (fails inside a running event loop)."""
+    return asyncio.run(coro)
