@@ -128,12 +128,15 @@ class GenerationResult:
         finish_reason: ``stop`` (a stop string completed), ``eos`` (an EOS id was generated; it is kept
             in ``token_ids``), ``length`` (``max_new_tokens`` reached) or ``cancelled``.
         counters: :class:`GenerationCounters`.
+        token_probs: ``[len(token_ids), vocab]`` float32 distributions the tokens were sampled from; only
+            filled by the portable engine for internal draft-model proposals (``submit(..., collect_probs=True)``).
     """
 
     token_ids: list[int]
     text: str
     finish_reason: FinishReason
     counters: GenerationCounters = field(default_factory=GenerationCounters)
+    token_probs: "object | None" = None
 
 
 @runtime_checkable

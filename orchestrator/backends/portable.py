@@ -1,0 +1,550 @@
+"""The portable engine: any Hugging Face causal LM through PyTorch/transformers, on CPU or GPU.
+
+What it does per engine instance (one background scheduler thread):
+
+- **In-flight batching.** Callers (threads or asyncio tasks) submit request groups; the scheduler admits
+  them into the running batch between decoding steps and a finished sequence leaves the batch at once
+  (its row is freed by moving the last row into its place).
+- **One forward per decoding step for the whole batch.** Ragged rows share a :class:`BatchKVCache`;
+  an explicit 4-D attention mask and explicit ``position_ids`` make padding and holes invisible.
+- **Prefix caching.** Admission looks up each prompt in a block-hashed :class:`PrefixCache`; when several
+  new prompts share an uncached prefix (the branches of a Lookahead Reasoning cycle) it is prefilled once
+  first; the remaining suffixes are prefilled together in one forward. Finished sequences store their KV,
+  so the next cycle's prefix is served from cache.
+- **Token-level speculative decoding** per request (n-gram prompt lookup or a draft-model engine),
+  verified inside the same batched forward (see :mod:`.spec_decode`).
+
+The model is driven through its standard ``forward(input_ids, attention_mask, position_ids, cache)``;
+``attention_mask`` is passed as the ``{"full_attention": mask}`` mapping transformers' decoder models accept
+for pre-built masks, so the same code serves Llama, Qwen2 and Qwen3 checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from .base import GenerationCounters, GenerationRequest, GenerationResult
+from .kv_cache import BatchKVCache, PrefixCache
+from .spec_decode import make_warpers, ngram_propose, verify
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PortableEngineConfig(BaseModel):
+    """Settings of a :class:`PortableEngine` (validated; errors name the field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., description="Hugging Face checkpoint folder")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None = torch default")
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    max_batch_size: int = Field(64, ge=1, description="rows in the running batch")
+    prefix_cache: bool = True
+    prefix_cache_mb: float = Field(256.0, gt=0, description="memory bound of the prefix cache, MiB")
+    block_size: int = Field(16, ge=1, description="tokens per prefix-cache block")
+    compact_slack: int = Field(64, ge=0, description="compact the batch cache when holes exceed this many slots")
+
+
+@dataclass
+class _Group:
+    """The requests of one submit() call, completed together."""
+
+    future: Future
+    results: list[GenerationResult | None]
+    remaining: int
+    cancelled: bool = False
+
+
+@dataclass
+class _Seq:
+    req: GenerationRequest
+    group: _Group
+    index: int
+    tokens: list[int]  # prompt + generated; KV exists for tokens[:-1] once admitted
+    n_prompt: int
+    t_submit: float
+    counters: GenerationCounters = field(default_factory=GenerationCounters)
+    warpers: object = None
+    generator: torch.Generator | None = None
+    text: str = ""
+    finish: str | None = None
+    collect_probs: bool = False
+    probs: list = field(default_factory=list)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.n_prompt:]
+
+
+class PortableEngine:
+    """Batch generation engine over a transformers causal LM (see module docstring).
+
+    Args:
+        config: :class:`PortableEngineConfig`.
+        draft_engine: another engine with the same tokenizer, used by requests whose ``spec.method`` is
+            ``draft_model`` to propose tokens.
+
+    Raises:
+        ValueError: invalid configuration; ``OSError`` if the checkpoint cannot be loaded.
+    """
+
+    name = "portable"
+
+    def __init__(self, config: PortableEngineConfig, draft_engine: "PortableEngine | None" = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config
+        self.draft_engine = draft_engine
+        self.device = torch.device(config.device)
+        self.dtype = _DTYPES[config.dtype]
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            config.model, dtype=self.dtype, attn_implementation=config.attn_implementation
+        ).to(self.device).eval()
+        mc = self.model.config
+        self._num_layers = mc.num_hidden_layers
+        self._kv_heads = getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads
+        self._head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
+        self._vocab = mc.vocab_size
+        self._context = int(getattr(mc, "max_position_embeddings", 2048))
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._mask_keys = ["full_attention"] + (
+            ["sliding_attention"] if "sliding_attention" in (getattr(mc, "layer_types", None) or []) else []
+        )
+        eos = set()
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        for e in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]):
+            if e is not None:
+                eos.add(int(e))
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        self._eos = frozenset(eos)
+        self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+        self.prefix_cache = PrefixCache(config.block_size, int(config.prefix_cache_mb * (1 << 20)))
+        self._cache = self._new_cache()
+        self._running: list[_Seq] = []
+        self._pending: list[_Seq] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self.stats = GenerationCounters()  # totals over the engine's life
+        self.step_seconds: list[tuple[int, int, float]] = []  # (rows, new positions, seconds) per decode step
+        self.record_steps = False
+        self._thread = threading.Thread(target=self._loop, name=f"engine-{id(self):x}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(cls, model: str, draft_engine: "PortableEngine | None" = None, **kwargs) -> "PortableEngine":
+        """Shorthand for ``PortableEngine(PortableEngineConfig(model=model, **kwargs))``."""
+        return cls(PortableEngineConfig(model=model, **kwargs), draft_engine=draft_engine)
+
+    # -- tokenizer access ------------------------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Prompt ids of chat ``messages`` through the tokenizer's chat template.
+
+        Raises:
+            ValueError: the tokenizer has no chat template.
+        """
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("messages: this model's tokenizer has no chat template; send a plain prompt")
+        out = self.tokenizer.apply_chat_template(
+            list(messages), tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+        )
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+    # -- public generation API -------------------------------------------------------------------------
+    def validate(self, req: GenerationRequest) -> None:
+        """Raise ``ValueError`` naming the field if ``req`` cannot be served."""
+        if not isinstance(req, GenerationRequest):
+            raise ValueError(f"request: expected GenerationRequest, got {type(req).__name__}")
+        if len(req.prompt_ids) == 0:
+            raise ValueError("prompt_ids: empty prompt")
+        bad = [t for t in req.prompt_ids if t < 0 or t >= self._vocab]
+        if bad:
+            raise ValueError(f"prompt_ids: token id {bad[0]} outside the vocabulary [0, {self._vocab})")
+        if req.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens: must be > 0, got {req.max_new_tokens}")
+        if len(req.prompt_ids) + req.max_new_tokens > self._context:
+            raise ValueError(
+                f"max_new_tokens: prompt ({len(req.prompt_ids)} tokens) + max_new_tokens ({req.max_new_tokens})"
+                f" exceeds the context window of {self._context} tokens"
+            )
+        if any((not isinstance(s, str)) or s == "" for s in req.stop):
+            raise ValueError("stop: stop strings must be non-empty strings")
+        if req.spec.method == "draft_model" and self.draft_engine is None:
+            raise ValueError("spec.method: 'draft_model' needs an engine built with a draft_engine")
+
+    def submit(self, requests: Sequence[GenerationRequest], collect_probs: bool = False) -> Future:
+        """Queue ``requests``; the returned future resolves to their results in order.
+
+        ``collect_probs`` (internal, for draft-model proposals): sampled requests return the distribution
+        each token was drawn from in ``GenerationResult.token_probs`` and get no speculation of their own.
+
+        Raises:
+            ValueError: an invalid request (nothing is queued then); RuntimeError if the engine is closed.
+        """
+        requests = list(requests)
+        for req in requests:
+            self.validate(req)
+        fut: Future = Future()
+        group = _Group(fut, [None] * len(requests), len(requests))
+        if not requests:
+            fut.set_result([])
+            return fut
+        now = time.perf_counter()
+        seqs = [_Seq(req, group, i, list(req.prompt_ids), len(req.prompt_ids), now) for i, req in enumerate(requests)]
+        for s in seqs:
+            s.collect_probs = collect_probs and not s.req.sampling.greedy
+            s.warpers = make_warpers(s.req.sampling)
+            if not s.req.sampling.greedy:
+                s.generator = torch.Generator(device="cpu")
+                if s.req.sampling.seed is not None:
+                    s.generator.manual_seed(s.req.sampling.seed)
+                else:
+                    s.generator.seed()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._pending.extend(seqs)
+            self._cv.notify()
+        fut.group = group  # type: ignore[attr-defined]
+        return fut
+
+    def cancel(self, fut: Future) -> None:
+        """Stop the requests of a submitted group; their rows and KV are released at the next step."""
+        group = getattr(fut, "group", None)
+        if group is not None:
+            with self._cv:
+                group.cancelled = True
+                self._cv.notify()
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Blocking: submit and wait."""
+        return self.submit(requests).result()
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Asyncio: submit and await; cancelling the awaiting task cancels the requests."""
+        fut = self.submit(requests)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            self.cancel(fut)
+            raise
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    def reset_prefix_cache(self) -> None:
+        with self._cv:
+            self.prefix_cache.clear()
+
+    @property
+    def active_sequences(self) -> int:
+        """Rows in the running batch plus queued sequences."""
+        return len(self._running) + len(self._pending)
+
+    # -- scheduler -------------------------------------------------------------------------------------
+    def _new_cache(self) -> BatchKVCache:
+        return BatchKVCache(self._num_layers, self._kv_heads, self._head_dim, self.dtype, self.device)
+
+    def _loop(self) -> None:
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        while True:
+            with self._cv:
+                while not self._closed and not self._pending and not self._running:
+                    self._cv.wait()
+                if self._closed:
+                    break
+                room = self.config.max_batch_size - len(self._running)
+                new, self._pending = self._pending[:room], self._pending[room:]
+            try:
+                self._drop_cancelled()
+                for s in [s for s in new if s.group.cancelled]:
+                    s.finish = "cancelled"
+                    self._complete(s)
+                new = [s for s in new if not s.group.cancelled]
+                if new:
+                    self._admit(new)
+                if self._running:
+                    self._step()
+            except Exception as exc:  # keep serving: fail only the affected groups
+                log.exception("engine step failed")
+                self._fail_all(exc, new)
+        with self._cv:
+            for s in self._pending + self._running:
+                if not s.group.future.done():
+                    s.group.future.set_exception(RuntimeError("engine closed"))
+
+    def _fail_all(self, exc: Exception, new: list[_Seq]) -> None:
+        groups = {id(s.group): s.group for s in self._running + new}
+        for g in groups.values():
+            if not g.future.done():
+                g.future.set_exception(exc)
+        self._running = []
+        self._cache = self._new_cache()
+
+    def _drop_cancelled(self) -> None:
+        for s in [s for s in self._running if s.group.cancelled]:
+            s.finish = "cancelled"
+            self._release(s)
+        with self._cv:
+            gone = [s for s in self._pending if s.group.cancelled]
+            self._pending = [s for s in self._pending if not s.group.cancelled]
+        for s in gone:
+            s.finish = "cancelled"
+            self._complete(s)
+
+    # -- admission (prefill) ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _admit(self, new: list[_Seq]) -> None:
+        use_cache = self.config.prefix_cache
+        new.sort(key=lambda s: s.n_prompt)
+        # KV is needed for tokens[:-1]; the last prompt token is fed by the first decoding step.
+        prefixes = [tuple(s.tokens[:-1]) for s in new]
+        if use_cache and len(new) > 1:
+            self._prefill_shared(new, prefixes)
+        matched: list[tuple[int, torch.Tensor | None]] = []
+        for s, p in zip(new, prefixes):
+            n, kv = self.prefix_cache.match(p, len(p)) if use_cache else (0, None)
+            matched.append((n, kv))
+            s.counters.prefill_tokens_cached += n
+        group = self._new_cache()
+        rows = group.add_rows([kv for _, kv in matched])
+        suffixes = [list(p[n:]) for p, (n, _) in zip(prefixes, matched)]
+        width = max(len(x) for x in suffixes)
+        if width:
+            ids = torch.full((len(new), width), self._pad, dtype=torch.long)
+            pos = torch.zeros((len(new), width), dtype=torch.long)
+            real = torch.zeros((len(new), width), dtype=torch.bool)
+            for r, (suf, (n, _)) in enumerate(zip(suffixes, matched)):
+                ids[r, : len(suf)] = torch.tensor(suf, dtype=torch.long)
+                pos[r] = torch.arange(n, n + width)
+                real[r, : len(suf)] = True
+                new[r].counters.prefill_tokens_computed += len(suf)
+                new[r].counters.forward_passes += 1
+            self._forward(group, ids, pos, real, logits=False)
+        if use_cache:
+            for r, (s, p) in enumerate(zip(new, prefixes)):
+                if len(p) - matched[r][0] >= self.config.block_size:
+                    self.prefix_cache.insert(p, group.row_kv(rows[r]))
+        for s in new:
+            s.counters.prefill_tokens_computed += 1  # the last prompt token, fed by the first step
+        self._merge(group, new)
+
+    def _prefill_shared(self, new: list[_Seq], prefixes: list[tuple[int, ...]]) -> None:
+        """Prefill, once, the longest common prefix of the new prompts if it is not cached yet."""
+        lcp = prefixes[0]
+        for p in prefixes[1:]:
+            n = 0
+            for a, b in zip(lcp, p):
+                if a != b:
+                    break
+                n += 1
+            lcp = lcp[:n]
+        bs = self.config.block_size
+        if len(lcp) < bs:
+            return
+        n, kv = self.prefix_cache.match(lcp, len(lcp))
+        if len(lcp) - n < bs:
+            return
+        tmp = self._new_cache()
+        tmp.add_rows([kv])
+        suffix = list(lcp[n:])
+        ids = torch.tensor([suffix], dtype=torch.long)
+        pos = torch.arange(n, len(lcp))[None]
+        real = torch.ones((1, len(suffix)), dtype=torch.bool)
+        self._forward(tmp, ids, pos, real, logits=False)
+        self.prefix_cache.insert(lcp, tmp.row_kv(0))
+        new[0].counters.prefill_tokens_computed += len(suffix)
+        new[0].counters.forward_passes += 1
+
+    def _merge(self, group: BatchKVCache, seqs: list[_Seq]) -> None:
+        if not self._running:
+            self._cache = group
+            self._running = list(seqs)
+            return
+        self._cache.add_rows([group.row_kv(r) for r in range(group.rows)])
+        self._running.extend(seqs)
+
+    def _forward(self, cache: BatchKVCache, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,
+                 logits: bool) -> torch.Tensor | None:
+        mask = cache.reserve(real.to(self.device))
+        kwargs = {
+            "input_ids": ids.to(self.device),
+            "position_ids": pos.to(self.device),
+            "attention_mask": {k: mask for k in self._mask_keys},
+            self._cache_kw: cache,
+            "use_cache": True,
+        }
+        if not logits:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        self.stats.forward_passes += 1
+        return out.logits if logits else None
+
+    # -- decoding --------------------------------------------------------------------------------------
+    def _proposals(self) -> list[tuple[list[int], torch.Tensor | None]]:
+        props: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * len(self._running)
+        draft_rows = []
+        for r, s in enumerate(self._running):
+            spec = s.req.spec
+            if not spec.enabled or s.collect_probs:
+                continue
+            room = min(
+                spec.num_speculative_tokens,
+                s.req.max_new_tokens - len(s.generated) - 1,
+                self._context - len(s.tokens) - 1,
+            )
+            if room <= 0:
+                continue
+            if spec.method == "ngram":
+                props[r] = (ngram_propose(s.tokens, room, spec.prompt_lookup_max, spec.prompt_lookup_min), None)
+            else:
+                draft_rows.append((r, room))
+        if draft_rows:
+            props = self._draft_model_proposals(props, draft_rows)
+        return props
+
+    def _draft_model_proposals(self, props, draft_rows):
+        from .base import GenerationRequest as Req
+
+        reqs = []
+        for r, room in draft_rows:
+            s = self._running[r]
+            sampling = s.req.sampling
+            if not sampling.greedy:
+                seed = int(torch.randint(0, 2**31 - 1, (), generator=s.generator))
+                sampling = sampling.model_copy(update={"seed": seed})
+            reqs.append(Req(tuple(s.tokens), room, sampling=sampling, request_id="spec-draft"))
+        results = self.draft_engine.submit(reqs, collect_probs=True).result()
+        props = list(props)
+        for (r, _), res in zip(draft_rows, results):
+            probs = getattr(res, "token_probs", None)
+            props[r] = (list(res.token_ids), probs)
+        return props
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        seqs = self._running
+        props = self._proposals()
+        width = 1 + max(len(p) for p, _ in props)
+        b = len(seqs)
+        ids = torch.full((b, width), self._pad, dtype=torch.long)
+        pos = torch.zeros((b, width), dtype=torch.long)
+        real = torch.zeros((b, width), dtype=torch.bool)
+        for r, (s, (p, _)) in enumerate(zip(seqs, props)):
+            row = [s.tokens[-1]] + p
+            ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+            start = len(s.tokens) - 1
+            pos[r] = torch.arange(start, start + width)
+            real[r, : len(row)] = True
+        start_slot = self._cache.length
+        logits = self._forward(self._cache, ids, pos, real, logits=True).float()
+        finished = []
+        for r, (s, (p, q)) in enumerate(zip(seqs, props)):
+            k = len(p)
+            verdict = verify(p, logits[r, : k + 1].cpu(), s.req.sampling, s.warpers, s.generator, q)
+            if s.collect_probs:
+                s.probs.append(verdict.probs[-1:])
+            # Slots of rejected proposals (and row padding) become holes.
+            self._cache.invalidate(r, start_slot + 1 + verdict.accepted, start_slot + width)
+            s.counters.forward_passes += 1
+            s.counters.drafted_tokens += k
+            s.counters.accepted_tokens += verdict.accepted
+            for tok in verdict.tokens:
+                if self._append(s, tok):
+                    finished.append(s)
+                    break
+        dt = time.perf_counter() - t0
+        if self.record_steps:
+            self.step_seconds.append((b, width, dt))
+        for s in finished:
+            self._release(s)
+        if self._cache.holes() > self.config.compact_slack:
+            self._cache.compact()
+
+    def _append(self, s: _Seq, tok: int) -> bool:
+        """Append one token; returns True when the sequence is finished."""
+        s.tokens.append(tok)
+        n_gen = len(s.tokens) - s.n_prompt
+        if tok in self._eos:
+            s.finish = "eos"
+            return True
+        if s.req.stop:
+            before = len(s.text)
+            s.text = self.decode(s.generated)
+            lo = max(0, before - max(len(x) for x in s.req.stop) - 4)
+            window = s.text[lo:]
+            if any(x in window for x in s.req.stop):
+                s.finish = "stop"
+                return True
+        if n_gen >= s.req.max_new_tokens or len(s.tokens) >= self._context:
+            s.finish = "length"
+            return True
+        return False
+
+    def _release(self, s: _Seq) -> None:
+        """Remove a finished or cancelled sequence from the batch, cache its KV, complete it."""
+        r = self._running.index(s)
+        if self.config.prefix_cache and s.finish != "cancelled":
+            kv = self._cache.row_kv(r)
+            self.prefix_cache.insert(tuple(s.tokens[: kv.shape[3]]), kv)
+        moved = self._cache.remove_row(r)
+        if moved is not None:
+            self._running[r] = self._running[moved]
+        self._running.pop()
+        self._complete(s)
+
+    def _complete(self, s: _Seq) -> None:
+        gen = s.generated
+        s.counters.seconds = time.perf_counter() - s.t_submit
+        self.stats.prefill_tokens_cached += s.counters.prefill_tokens_cached
+        self.stats.prefill_tokens_computed += s.counters.prefill_tokens_computed
+        self.stats.drafted_tokens += s.counters.drafted_tokens
+        self.stats.accepted_tokens += s.counters.accepted_tokens
+        res = GenerationResult(list(gen), self.decode(gen), s.finish or "length", s.counters,
+                               torch.cat(s.probs) if s.probs else None)
+        g = s.group
+        g.results[s.index] = res
+        g.remaining -= 1
+        if g.remaining == 0 and not g.future.done():
+            g.future.set_result(g.results)

@@ -1,0 +1,151 @@
+"""Token-level speculative decoding pieces: proposers, sampling and verification.
+
+Proposers (one small interface, as transformers' ``candidate_generator.py``): given a sequence's tokens,
+return up to ``k`` proposed next tokens and, for a model proposer that samples, their draft
+distributions.
+
+Verification follows speculative sampling (Leviathan et al. 2023, "Fast Inference from Transformers via
+Speculative Decoding", Algorithm 1; Chen et al. 2023): proposal ``x_i`` with draft probability ``q(x_i)`` is
+accepted with probability ``min(1, p(x_i) / q(x_i))``; at the first rejection a token is drawn from
+``norm(max(0, p - q))``; if all ``k`` are accepted a bonus token is drawn from ``p`` at position ``k``.
+Deterministic proposers (n-gram) have one-hot ``q``, so acceptance is ``p(x_i)`` and the residual is ``p``
+with ``x_i`` removed. Greedy decoding accepts while the proposal equals the argmax, so its output is
+identical to plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .base import SamplingParams
+
+
+def ngram_propose(tokens: list[int], k: int, lookup_max: int, lookup_min: int) -> list[int]:
+    """Prompt-lookup proposal (vLLM's ``ngram`` method; Saxena 2023, "Prompt Lookup Decoding").
+
+    Tries suffix lengths ``n = lookup_max .. lookup_min``: finds the most recent earlier occurrence of the
+    last ``n`` tokens and proposes the up to ``k`` tokens that followed it.
+
+    Args:
+        tokens: the whole sequence so far (prompt + generated), token ids.
+        k: number of tokens to propose (> 0).
+    Returns:
+        list of 0..k proposed token ids.
+    """
+    length = len(tokens)
+    for n in range(min(lookup_max, length - 1), lookup_min - 1, -1):
+        suffix = tokens[length - n:]
+        first = suffix[0]
+        # Search backwards for the most recent match that is not the suffix itself.
+        for start in range(length - n - 1, -1, -1):
+            if tokens[start] == first and tokens[start:start + n] == suffix:
+                follow = tokens[start + n:start + n + k]
+                if follow:
+                    return list(follow)
+                break
+    return []
+
+
+def make_warpers(params: SamplingParams) -> LogitsProcessorList:
+    """transformers logits warpers for ``params`` (temperature, then top-k, then top-p, as ``generate``)."""
+    warpers = LogitsProcessorList()
+    if params.greedy:
+        return warpers
+    if params.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k=params.top_k, min_tokens_to_keep=1))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=params.top_p, min_tokens_to_keep=1))
+    return warpers
+
+
+def target_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Tensor:
+    """Processed next-token distributions.
+
+    Args:
+        logits: ``[n, vocab]`` float logits for ``n`` consecutive positions of one sequence.
+        warpers: from :func:`make_warpers` (temperature/top-k/top-p read only the scores, so the
+            ``input_ids`` argument transformers' processors take is a placeholder).
+    Returns:
+        ``[n, vocab]`` float32 probabilities.
+    """
+    placeholder = torch.zeros((logits.shape[0], 1), dtype=torch.long)
+    return torch.softmax(warpers(placeholder, logits.float()), dim=-1)
+
+
+@dataclass
+class Verdict:
+    """Outcome of verifying one sequence's proposals.
+
+    Attributes:
+        tokens: the tokens to append (accepted proposals, then the correction or bonus token).
+        accepted: how many proposals held.
+        probs: ``[len(tokens), vocab]`` float32, the distribution each token was drawn from
+            (sampling only; None for greedy).
+    """
+
+    tokens: list[int]
+    accepted: int
+    probs: torch.Tensor | None = None
+
+
+def verify(
+    proposals: list[int],
+    logits: torch.Tensor,
+    params: SamplingParams,
+    warpers: LogitsProcessorList,
+    generator: torch.Generator | None,
+    draft_probs: torch.Tensor | None = None,
+) -> Verdict:
+    """Verify ``k`` proposals against target logits and return the accepted tokens plus one more.
+
+    Args:
+        proposals: ``k`` proposed token ids (may be empty: then this is one plain decoding step).
+        logits: ``[k + 1, vocab]`` target logits; row ``i`` predicts the token after proposal ``i - 1``
+            (row 0 follows the last committed token).
+        params: sampling parameters (greedy when temperature is 0).
+        warpers: see :func:`target_probs`.
+        generator: the request's RNG (sampling only).
+        draft_probs: ``[k, vocab]`` draft distributions for a sampling model proposer; None means
+            deterministic proposals (one-hot ``q``).
+    Returns:
+        :class:`Verdict` with ``accepted + 1`` tokens (accepted proposals, then the correction or bonus).
+    """
+    k = len(proposals)
+    if params.greedy:
+        best = logits.argmax(dim=-1).tolist()
+        accepted = 0
+        while accepted < k and proposals[accepted] == best[accepted]:
+            accepted += 1
+        return Verdict(list(proposals[:accepted]) + [best[accepted]], accepted)
+
+    probs = target_probs(logits, warpers)
+    out: list[int] = []
+    for i, x in enumerate(proposals):
+        p = probs[i]
+        q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
+        ratio = float(p[x]) / q_x if q_x > 0 else 0.0
+        u = torch.rand((), generator=generator).item()
+        if u < min(1.0, ratio):
+            out.append(x)
+            continue
+        if draft_probs is None:
+            residual = p.clone()
+            residual[x] = 0.0
+        else:
+            residual = torch.clamp(p - draft_probs[i].to(p.dtype), min=0.0)
+        total = float(residual.sum())
+        residual = residual / total if total > 0 else p
+        out.append(int(torch.multinomial(residual, 1, generator=generator)))
+        return Verdict(out, i, probs[: i + 1])
+    out.append(int(torch.multinomial(probs[k], 1, generator=generator)))
+    return Verdict(out, k, probs)

@@ -1,0 +1,750 @@
+"""A synthetic, step-structured reasoning task: grade-school arithmetic word problems (GSM8K-like).
+
+The demo draft / target / judge models (``engines/demo``) are trained on this task, and every later
+capability is tested on it. A problem describes a person, some items and a few events; the solution is a
+list of short steps, each ONE sentence with ONE computation ``x op y = r`` (``op`` in ``+ - x /``, integer
+operands and result), joined by ``"\\n\\n"``, then a final line ``"#### N"`` as in GSM8K::
+
+    Mia has 4 boxes of pencils. Each box holds 12 pencils. She gives away 9 pencils. ...
+    -> "Mia has 4 x 12 = 48 pencils.\\n\\nThat leaves 48 - 9 = 39.\\n\\n#### 39"
+
+Wording. Each step kind has three sentence frames (two with units, one without) and, where the operation
+is commutative, two operand orders. Which wording a step gets is a *deterministic* function of the
+problem (the person's name, the item and the step's position, through fixed lookup tables), not a coin
+flip: a large enough model learns it with clear logit margins (stable greedy output), while a much
+smaller model often picks another wording for the same computation, which a semantic judge accepts and
+exact matching rejects.
+
+Ground truth for "semantically equal": :func:`parse_step` recovers the :class:`Computation` of a step's
+text; :func:`steps_equivalent` compares computations (operand order ignored for ``+`` and ``x``).
+
+Everything is deterministic per seed (``random.Random(seed)``; no global random state).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+__all__ = [
+    "ANSWER_PREFIX",
+    "DEFAULT_DIFFICULTY",
+    "DIFFICULTIES",
+    "EVAL_SEED",
+    "JUDGE_EVAL_SEED",
+    "MAX_STEPS",
+    "MIN_STEPS",
+    "STEP_DELIMITER",
+    "Computation",
+    "Problem",
+    "ProblemContext",
+    "StepPair",
+    "extract_answer",
+    "generate_problems",
+    "generate_step_pairs",
+    "is_reserved_seed",
+    "parse_step",
+    "render_step",
+    "step_style",
+    "steps_equivalent",
+]
+
+STEP_DELIMITER = "\n\n"
+ANSWER_PREFIX = "#### "
+
+#: Held-out evaluation seed for problems: never used for training data (see :func:`is_reserved_seed`).
+EVAL_SEED = 2_000_000_011
+#: Held-out evaluation seed for judge step pairs: never used for training data.
+JUDGE_EVAL_SEED = 2_000_000_029
+
+MIN_STEPS = 2
+MAX_STEPS = 8
+#: Difficulty levels: 1 (easiest) .. 5. Raises step counts and number magnitudes.
+DIFFICULTIES = (1, 2, 3, 4, 5)
+#: The difficulty used for evaluation (and the default of :func:`generate_problems`).
+DEFAULT_DIFFICULTY = 2
+
+OPS = ("+", "-", "x", "/")
+COMMUTATIVE = frozenset({"+", "x"})
+
+
+def is_reserved_seed(seed: int) -> bool:
+    """True for the held-out evaluation seeds (training code must not draw data from these)."""
+    return seed in (EVAL_SEED, JUDGE_EVAL_SEED)
+
+
+# --------------------------------------------------------------------------------------------------
+# Data types
+
+
+@dataclass(frozen=True)
+class Computation:
+    """One arithmetic computation ``operands[0] op operands[1] = result``.
+
+    Attributes:
+        op: one of ``"+"``, ``"-"``, ``"x"`` (multiplication), ``"/"`` (exact integer division).
+        operands: two non-negative ints, in the order written.
+        result: int, the value written after ``=`` (not necessarily correct when parsed from model text).
+    """
+
+    op: str
+    operands: tuple[int, ...]
+    result: int
+
+    def canonical(self) -> tuple[str, tuple[int, ...], int]:
+        """Key for semantic equality: operands sorted when ``op`` is commutative (``+``, ``x``)."""
+        ops = tuple(sorted(self.operands)) if self.op in COMMUTATIVE else tuple(self.operands)
+        return (self.op, ops, self.result)
+
+    def is_correct(self) -> bool:
+        """True iff ``result`` is the exact value of the operation (division must be exact)."""
+        value = _apply(self.op, self.operands[0], self.operands[1])
+        return value is not None and value == self.result
+
+    def text(self) -> str:
+        """The expression as written in steps, e.g. ``"4 x 12 = 48"``."""
+        return f"{self.operands[0]} {self.op} {self.operands[1]} = {self.result}"
+
+
+@dataclass(frozen=True)
+class ProblemContext:
+    """Who and what a problem is about (drives both the question text and the step wording).
+
+    Attributes:
+        scenario: ``"count"`` (items), ``"shop"`` (money spent) or ``"work"`` (money earned).
+        name: the person's name; ``pron`` / ``pron_obj`` / ``pron_poss``: she/her/her or he/him/his.
+        unit: plural noun counted by the running quantity (``"pencils"`` or ``"dollars"``).
+        item: the item noun that selects the wording table (for shop/work: the first thing bought or
+            the job).
+    """
+
+    scenario: str
+    name: str
+    pron: str
+    pron_obj: str
+    pron_poss: str
+    unit: str
+    item: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One generated word problem with its worked solution.
+
+    Attributes:
+        question: the problem text (str, one paragraph, ends with a question mark).
+        steps: list[str], one sentence per step, each WITHOUT the trailing ``"\\n\\n"``; 2 to 8 steps.
+        answer: int, the final answer (equals ``computations[-1].result``).
+        computations: tuple[Computation, ...], one per step, in order; each step's operands are numbers
+            from the question or earlier results.
+        kinds: tuple[str, ...], the step kind of each step (selects its sentence frames).
+        difficulty: int in :data:`DIFFICULTIES`.
+        context: :class:`ProblemContext` (re-renders steps in other wordings, see :func:`render_step`).
+        step_slots: per-step extra frame words (internal; passed back to :func:`render_step`).
+    """
+
+    question: str
+    steps: list[str]
+    answer: int
+    computations: tuple[Computation, ...]
+    kinds: tuple[str, ...]
+    difficulty: int
+    context: ProblemContext = field(repr=False)
+    step_slots: tuple["_StepSlots", ...] = field(default=(), repr=False)
+
+    @property
+    def solution(self) -> str:
+        """``"\\n\\n".join(steps) + "\\n\\n#### N"`` (the assistant answer the models are trained on)."""
+        return STEP_DELIMITER.join(self.steps) + STEP_DELIMITER + ANSWER_PREFIX + str(self.answer)
+
+    @property
+    def answer_line(self) -> str:
+        """The final line, ``"#### N"``."""
+        return ANSWER_PREFIX + str(self.answer)
+
+    def prefix(self, n_steps: int) -> str:
+        """Solution text before step ``n_steps`` (each earlier step followed by ``"\\n\\n"``); ``""`` for 0."""
+        return "".join(s + STEP_DELIMITER for s in self.steps[:n_steps])
+
+
+class StepPair(NamedTuple):
+    """A labelled judge example: ``(step_a, step_b, equivalent)``; ``equivalent`` is ground truth."""
+
+    step_a: str
+    step_b: str
+    equivalent: bool
+
+
+# --------------------------------------------------------------------------------------------------
+# Vocabulary of the task
+
+_NAMES = (
+    ("Mia", "she"), ("Noah", "he"), ("Emma", "she"), ("Liam", "he"), ("Ava", "she"), ("Omar", "he"),
+    ("Zoe", "she"), ("Jack", "he"), ("Lily", "she"), ("Sam", "he"), ("Nora", "she"), ("Ben", "he"),
+    ("Ruby", "she"), ("Leo", "he"), ("Anna", "she"), ("Max", "he"),
+)
+_PRON = {"she": ("she", "her", "her"), "he": ("he", "him", "his")}
+
+# count scenario: (plural item, container singular, container plural)
+_COUNT_ITEMS = (
+    ("pencils", "box", "boxes"), ("apples", "bag", "bags"), ("cookies", "tray", "trays"),
+    ("stickers", "sheet", "sheets"), ("eggs", "carton", "cartons"), ("marbles", "jar", "jars"),
+    ("cards", "pack", "packs"), ("books", "shelf", "shelves"), ("flowers", "pot", "pots"),
+    ("beads", "box", "boxes"), ("shells", "bucket", "buckets"), ("candies", "bag", "bags"),
+)
+# shop scenario: plural items bought by the piece
+_SHOP_ITEMS = (
+    "pens", "books", "shirts", "toys", "cups", "hats", "plates", "games", "socks", "bowls", "lamps", "balls",
+)
+# work scenario: the job
+_JOBS = ("tutoring", "babysitting", "gardening", "painting", "cleaning", "baking")
+_OTHERS = ("a friend", "{poss} mom", "{poss} dad", "a neighbor", "{poss} sister", "{poss} brother", "a classmate")
+_SHARES = (("friends", "friend"), ("bags", "bag"), ("kids", "kid"), ("boxes", "box"), ("people", "person"))
+
+# Wording tables (fixed): frame = (NAME_F[name] + ITEM_F[item] + POS_F[step]) % 3,
+# operand order = (NAME_O[name] + POS_O[step]) % 2. Lookup tables, not coin flips.
+_NAME_F = {n: (i * 7 + 1) % 3 for i, (n, _) in enumerate(_NAMES)}
+_NAME_O = {n: (i * 5 // 3) % 2 for i, (n, _) in enumerate(_NAMES)}
+_ITEM_KEYS = tuple(dict.fromkeys([c[0] for c in _COUNT_ITEMS] + list(_SHOP_ITEMS) + list(_JOBS)))
+_ITEM_F = {it: (i * 5 + 2) % 3 for i, it in enumerate(_ITEM_KEYS)}
+_POS_F = (0, 2, 1, 1, 0, 2, 0, 1)
+_POS_O = (1, 0, 0, 1, 1, 0, 1, 0)
+
+
+def step_style(context: ProblemContext, position: int) -> tuple[int, int]:
+    """(frame in 0..2, operand order in 0..1) of step ``position`` (0-based) for a problem's context.
+
+    Deterministic in the name, the item and the position; order 1 swaps the operands of ``+`` / ``x``.
+    """
+    p = position % len(_POS_F)
+    frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _POS_F[p]) % 3
+    order = (_NAME_O[context.name] + _POS_O[p]) % 2
+    return frame, order
+
+
+# Step kinds and their three frames ({x} {op} {y} = {r} is the computation; {u} the unit word).
+# Frames 0 and 1 name the unit, frame 2 does not.
+_FRAMES: dict[str, tuple[str, str, str]] = {
+    # running quantity starts as a product
+    "total": ("{Name} {verb} {x} {op} {y} = {r} {u}.", "That is {x} {op} {y} = {r} {u} in all.", "{x} {op} {y} = {r}."),
+    # a separate product (extra boxes, other items, more hours)
+    "part": ("The {what} {partverb} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} for the {what}.", "That part is {x} {op} {y} = {r}."),
+    "add": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} in total.", "That makes {x} {op} {y} = {r}."),
+    "sub": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} after that.", "That leaves {x} {op} {y} = {r}."),
+    "scale": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} after that.", "That makes {x} {op} {y} = {r}."),
+    "div": ("Each {share} gets {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} for each {share}.", "So it is {x} {op} {y} = {r}."),
+    "change": ("{Pron} gets {x} {op} {y} = {r} dollars back.", "The change is {x} {op} {y} = {r} dollars.", "{x} {op} {y} = {r}."),
+}
+STEP_KINDS = tuple(_FRAMES)
+
+
+@dataclass(frozen=True)
+class _StepSlots:
+    """Words a step's frame needs besides the computation."""
+
+    what: str = ""  # for "part": what the product counts ("new boxes", "books")
+    share: str = ""  # for "div": the singular share noun
+
+
+def render_step(kind: str, computation: Computation, context: ProblemContext, frame: int, order: int,
+                slots: _StepSlots | None = None) -> str:
+    """Render one step sentence.
+
+    Args:
+        kind: a key of the step kinds (``total``, ``part``, ``add``, ``sub``, ``scale``, ``div``, ``change``).
+        computation: the step's :class:`Computation` (operands in canonical order: running value first).
+        context: the problem's :class:`ProblemContext`.
+        frame: 0..2 sentence frame; order: 0 or 1, 1 swaps operands of commutative operations.
+        slots: extra words for ``part`` / ``div`` frames.
+
+    Returns:
+        str: the sentence, without the trailing delimiter.
+
+    Raises:
+        KeyError: unknown ``kind``; IndexError: ``frame`` out of range.
+    """
+    slots = slots or _StepSlots()
+    x, y = computation.operands
+    if order == 1 and computation.op in COMMUTATIVE:
+        x, y = y, x
+    verb = {"count": "has", "shop": "spends", "work": "earns"}[context.scenario]
+    state = {"count": f"{context.pron} has", "shop": "the total is", "work": f"{context.pron} has"}[context.scenario]
+    partverb = "cost" if context.scenario == "shop" else ("pay" if context.scenario == "work" else "hold")
+    text = _FRAMES[kind][frame].format(
+        Name=context.name, Pron=context.pron.capitalize(), verb=verb, state=state, partverb=partverb,
+        x=x, y=y, op=computation.op, r=computation.result, u=context.unit, what=slots.what or context.unit,
+        share=slots.share or "one",
+    )
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsing
+
+
+_EXPR = re.compile(r"(\d+)\s*([x×*+\-/÷])\s*(\d+)\s*=\s*(\d+)")
+_ANSWER = re.compile(r"####\s*(-?[\d,]*\d)")
+_OP_NORMAL = {"×": "x", "*": "x", "÷": "/"}
+
+
+def parse_step(text: str) -> Computation | None:
+    """Recover the computation written in a step's text.
+
+    Args:
+        text: one step (str; surrounding whitespace and a trailing ``"\\n\\n"`` are ignored).
+
+    Returns:
+        :class:`Computation` if the text holds exactly one expression ``a op b = r`` (``op`` in
+        ``+ - x * × / ÷``; ``*``/``×`` read as ``x``, ``÷`` as ``/``), else ``None`` (no expression, or
+        more than one). The result is returned as written, correct or not.
+    """
+    found = _EXPR.findall(text)
+    if len(found) != 1:
+        return None
+    a, op, b, r = found[0]
+    return Computation(_OP_NORMAL.get(op, op), (int(a), int(b)), int(r))
+
+
+def extract_answer(text: str) -> int | None:
+    """The integer after the last ``"####"`` in ``text`` (commas removed), or ``None`` if there is none."""
+    found = _ANSWER.findall(text)
+    if not found:
+        return None
+    try:
+        return int(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _norm_text(text: str) -> str:
+    return "".join(text.split()).lower()
+
+
+def steps_equivalent(a: str, b: str) -> bool:
+    """Ground-truth semantic equality of two steps.
+
+    Two steps are equivalent iff both parse (:func:`parse_step`) to the same computation (same operation,
+    same operands up to order for ``+``/``x``, same written result), whatever the wording or units. Steps
+    without a computation are equivalent iff both are answer lines with the same answer, or their texts
+    are equal after dropping whitespace and case. A step with a computation never equals one without.
+    """
+    ca, cb = parse_step(a), parse_step(b)
+    if ca is not None and cb is not None:
+        return ca.canonical() == cb.canonical()
+    if ca is not None or cb is not None:
+        return False
+    aa, ab = extract_answer(a), extract_answer(b)
+    if aa is not None or ab is not None:
+        return aa == ab and _norm_text(a) == _norm_text(b)
+    return _norm_text(a) == _norm_text(b)
+
+
+# --------------------------------------------------------------------------------------------------
+# Problem generation
+
+
+@dataclass(frozen=True)
+class _Level:
+    steps: tuple[int, int]  # inclusive range of step counts
+    count: tuple[int, int]  # multiplier (number of boxes / items / hours)
+    per: tuple[int, int]  # per-unit quantity or price
+    delta: tuple[int, int]  # added / removed amounts
+    cap: int  # running value stays <= cap
+
+
+_LEVELS = {
+    1: _Level((2, 3), (2, 5), (2, 9), (1, 9), 150),
+    2: _Level((2, 5), (2, 6), (2, 15), (1, 30), 600),
+    3: _Level((3, 6), (2, 9), (2, 25), (1, 60), 2000),
+    4: _Level((4, 8), (2, 9), (2, 50), (1, 99), 5000),
+    5: _Level((5, 8), (2, 9), (2, 99), (1, 250), 9999),
+}
+
+
+def _apply(op: str, a: int, b: int) -> int | None:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "x":
+        return a * b
+    if op == "/":
+        if b == 0 or a % b:
+            return None
+        return a // b
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _rint(rng: random.Random, lo_hi: tuple[int, int]) -> int:
+    return rng.randint(lo_hi[0], lo_hi[1])
+
+
+class _Builder:
+    """Accumulates question sentences and steps for one problem."""
+
+    def __init__(self, ctx: ProblemContext, level: _Level, rng: random.Random):
+        self.ctx, self.level, self.rng = ctx, level, rng
+        self.sentences: list[str] = []
+        self.kinds: list[str] = []
+        self.comps: list[Computation] = []
+        self.slots: list[_StepSlots] = []
+        self.value = 0
+
+    def step(self, kind: str, op: str, a: int, b: int, slots: _StepSlots | None = None) -> int:
+        r = _apply(op, a, b)
+        assert r is not None and r >= 0, (op, a, b)
+        self.kinds.append(kind)
+        self.comps.append(Computation(op, (a, b), r))
+        self.slots.append(slots or _StepSlots())
+        return r
+
+
+def _choose(rng: random.Random, options: Sequence[str]) -> str:
+    return options[rng.randrange(len(options))]
+
+
+def _divisors(v: int) -> list[int]:
+    return [k for k in range(2, 10) if v % k == 0 and v // k >= 2]
+
+
+def _generate_one(rng: random.Random, difficulty: int) -> Problem:
+    level = _LEVELS[difficulty]
+    name, gender = _NAMES[rng.randrange(len(_NAMES))]
+    pron, pobj, pposs = _PRON[gender]
+    Pron = pron.capitalize()
+    scenario = _choose(rng, ("count", "count", "shop", "work"))
+    n_steps = _rint(rng, level.steps)
+
+    if scenario == "count":
+        item, box, boxes = _COUNT_ITEMS[rng.randrange(len(_COUNT_ITEMS))]
+        unit = item
+    elif scenario == "shop":
+        item = _SHOP_ITEMS[rng.randrange(len(_SHOP_ITEMS))]
+        unit = "dollars"
+        box = boxes = ""
+    else:
+        item = _JOBS[rng.randrange(len(_JOBS))]
+        unit = "dollars"
+        box = boxes = ""
+    ctx = ProblemContext(scenario, name, pron, pobj, pposs, unit, item)
+    bld = _Builder(ctx, level, rng)
+
+    # --- first quantity: a product (1 step)
+    a, b = _rint(rng, level.count), _rint(rng, level.per)
+    if scenario == "count":
+        s = _choose(rng, (
+            f"{name} has {a} {boxes} of {item}. Each {box} holds {b} {item}.",
+            f"{name} buys {a} {boxes} of {item} with {b} {item} in each {box}.",
+        ))
+    elif scenario == "shop":
+        s = _choose(rng, (
+            f"{name} buys {a} {item} for ${b} each.",
+            f"{name} buys {a} {item}. Each one costs ${b}.",
+        ))
+    else:
+        s = _choose(rng, (
+            f"{name} earns ${b} per hour {item} and works {a} hours.",
+            f"{name} works {a} hours {item} at ${b} per hour.",
+        ))
+    bld.sentences.append(s)
+    bld.value = bld.step("total", "x", a, b)
+
+    # --- middle events until one step is left for the final event (or the steps run out)
+    def remaining() -> int:
+        return n_steps - len(bld.comps)
+
+    final_kind = None
+    if remaining() >= 1:
+        # the last step: division / change / a plain event
+        opts = ["plain"]
+        if scenario in ("count", "shop", "work"):
+            opts += ["div"]
+        if scenario == "shop":
+            opts += ["change", "change"]
+        final_kind = _choose(rng, opts)
+
+    while remaining() > (1 if final_kind in ("div", "change") else 0):
+        room = remaining() - (1 if final_kind in ("div", "change") else 0)
+        ev = _pick_event(rng, scenario, room)
+        _apply_event(bld, ev, rng, name, pron, Pron, pposs, item, box, boxes)
+
+    question_tail = ""
+    if final_kind == "div":
+        ks = _divisors(bld.value)
+        if not ks:
+            # make it divisible: adjust with one more add/sub is not possible (no step left), so retarget
+            # the final event to a plain +/- event.
+            final_kind = "plain_last"
+        else:
+            k = ks[rng.randrange(len(ks))]
+            if scenario == "count":
+                shares, share = _SHARES[rng.randrange(len(_SHARES))]
+                if shares == "boxes" and item == "beads":
+                    shares, share = "bags", "bag"
+                bld.sentences.append(_choose(rng, (
+                    f"{Pron} shares the {item} equally among {k} {shares}.",
+                    f"{Pron} splits the {item} equally into {k} {shares}.",
+                )))
+                question_tail = f"How many {item} does each {share} get?"
+            else:
+                shares, share = "people", "person"
+                if scenario == "shop":
+                    bld.sentences.append(f"{Pron} splits the cost equally among {k} people.")
+                    question_tail = "How much does each person pay?"
+                else:
+                    bld.sentences.append(f"{Pron} shares the money equally among {k} people.")
+                    question_tail = "How much does each person get?"
+            bld.value = bld.step("div", "/", bld.value, k, _StepSlots(share=share))
+    if final_kind == "change":
+        bills = [x for x in (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if x > bld.value]
+        bill = bills[0]
+        bld.sentences.append(f"{Pron} pays with a ${bill} bill.")
+        question_tail = f"How much change does {pron} get?"
+        bld.value = bld.step("change", "-", bill, bld.value)
+    if final_kind == "plain_last":
+        # one step left: a plain add or subtract event
+        ev = "sub" if bld.value > 2 and rng.random() < 0.5 else "add"
+        _apply_event(bld, ev, rng, name, pron, Pron, pposs, item, box, boxes)
+
+    if not question_tail:
+        question_tail = {
+            "count": _choose(rng, (f"How many {item} does {name} have now?", f"How many {item} does {pron} have in the end?")),
+            "shop": _choose(rng, (f"How much does {name} spend in total?", f"How much money does {pron} spend?")),
+            "work": _choose(rng, (f"How much money does {name} have now?", f"How much does {pron} have in the end?")),
+        }[scenario]
+    bld.sentences.append(question_tail)
+
+    steps = []
+    for i, (kind, comp, slots) in enumerate(zip(bld.kinds, bld.comps, bld.slots)):
+        frame, order = step_style(ctx, i)
+        steps.append(render_step(kind, comp, ctx, frame, order, slots))
+    return Problem(
+        question=" ".join(bld.sentences), steps=steps, answer=bld.comps[-1].result,
+        computations=tuple(bld.comps), kinds=tuple(bld.kinds), difficulty=difficulty, context=ctx,
+        step_slots=tuple(bld.slots),
+    )
+
+
+def _pick_event(rng: random.Random, scenario: str, room: int) -> str:
+    opts = ["add", "sub", "add", "sub", "scale"]
+    if room >= 2:
+        opts += ["group", "group"]
+    if scenario == "count" and room >= 2:
+        opts += ["lose_group"]
+    return _choose(rng, opts)
+
+
+def _apply_event(bld: _Builder, ev: str, rng: random.Random, name: str, pron: str, Pron: str, pposs: str,
+                 item: str, box: str, boxes: str) -> None:
+    lv, ctx, v = bld.level, bld.ctx, bld.value
+    sc = ctx.scenario
+    if ev == "scale" and v * 2 > lv.cap:
+        ev = "sub"
+    if ev in ("group", "lose_group"):
+        c, d = _rint(rng, lv.count), _rint(rng, lv.per)
+        if ev == "group" and v + c * d > lv.cap:
+            ev = "sub"
+        elif ev == "lose_group" and c * d >= v:
+            ev = "sub" if v > 2 else "add"
+    if ev == "add" and v + 1 > lv.cap:
+        ev = "sub"
+    if ev == "sub" and v < 3:
+        ev = "add"
+
+    if ev == "add":
+        k = min(_rint(rng, lv.delta), lv.cap - v)
+        k = max(k, 1)
+        if sc == "count":
+            other = _OTHERS[rng.randrange(len(_OTHERS))].format(poss=pposs)
+            s = _choose(rng, (f"{Pron} finds {k} more {item}.", f"{Pron} gets {k} more {item} from {other}."))
+        elif sc == "shop":
+            s = _choose(rng, (f"{Pron} pays ${k} for delivery.", f"{Pron} also pays a ${k} fee."))
+        else:
+            s = _choose(rng, (f"{Pron} gets a ${k} tip.", f"{Pron} also gets a ${k} bonus."))
+        bld.sentences.append(s)
+        bld.value = bld.step("add", "+", v, k)
+    elif ev == "sub":
+        k = min(_rint(rng, lv.delta), v - 1)
+        k = max(k, 1)
+        if sc == "count":
+            other = _OTHERS[rng.randrange(len(_OTHERS))].format(poss=pposs)
+            s = _choose(rng, (f"{Pron} gives {k} {item} to {other}.", f"{Pron} loses {k} {item}.", f"{Pron} uses {k} {item}."))
+        elif sc == "shop":
+            s = _choose(rng, (f"{Pron} uses a coupon for ${k} off.", f"{Pron} gets a ${k} discount."))
+        else:
+            s = _choose(rng, (f"{Pron} spends ${k} on lunch.", f"{Pron} pays ${k} for the bus."))
+        bld.sentences.append(s)
+        bld.value = bld.step("sub", "-", v, k)
+    elif ev == "scale":
+        m = 2 if v * 3 > lv.cap or rng.random() < 0.6 else 3
+        word = {2: "doubles", 3: "triples"}[m]
+        if sc == "count":
+            s = f"Then {pron} {word} the number of {item}."
+        elif sc == "shop":
+            s = f"Then {pron} {word} the order."
+        else:
+            s = f"Then {pron} {word} {pposs} money."
+        bld.sentences.append(s)
+        bld.value = bld.step("scale", "x", v, m)
+    elif ev == "group":
+        if sc == "count":
+            s = f"{Pron} buys {c} more {boxes} with {d} {item} each."
+            what = f"new {boxes}"
+        elif sc == "shop":
+            other_items = [x for x in _SHOP_ITEMS if x != item]
+            it2 = other_items[rng.randrange(len(other_items))]
+            s = _choose(rng, (f"{Pron} also buys {c} {it2} for ${d} each.", f"{Pron} also buys {c} {it2}. Each one costs ${d}."))
+            what = it2
+        else:
+            s = f"{Pron} works {c} more hours at ${d} per hour."
+            what = "extra hours"
+        bld.sentences.append(s)
+        p = bld.step("part", "x", c, d, _StepSlots(what=what))
+        bld.value = bld.step("add", "+", v, p)
+    elif ev == "lose_group":
+        s = f"{Pron} gives away {c} {boxes} with {d} {item} each."
+        p = bld.step("part", "x", c, d, _StepSlots(what=f"{boxes} given away"))
+        bld.sentences.append(s)
+        bld.value = bld.step("sub", "-", v, p)
+    else:  # pragma: no cover - defensive
+        raise ValueError(ev)
+
+
+def generate_problems(n: int, seed: int, difficulty: int = DEFAULT_DIFFICULTY) -> list[Problem]:
+    """Generate ``n`` problems, deterministically from ``seed``.
+
+    Args:
+        n: number of problems (>= 0).
+        seed: int; the same ``(n, seed, difficulty)`` always yields the same problems, and the first ``k``
+            problems of a call do not depend on ``n``.
+        difficulty: level in :data:`DIFFICULTIES` (default :data:`DEFAULT_DIFFICULTY`): step-count range
+            (1: 2-3, 2: 2-5, 3: 3-6, 4: 4-8, 5: 5-8) and number magnitudes (running values stay <= 150,
+            600, 2000, 5000, 9999).
+
+    Returns:
+        list[:class:`Problem`] of length ``n``.
+
+    Raises:
+        ValueError: ``n < 0`` or unknown ``difficulty``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if difficulty not in _LEVELS:
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
+    rng = random.Random(seed)
+    return [_generate_one(rng, difficulty) for _ in range(n)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Judge pairs
+
+
+def _change_digit(rng: random.Random, v: int) -> int:
+    s = list(str(v))
+    i = rng.randrange(len(s))
+    choices = [d for d in "0123456789" if d != s[i] and not (i == 0 and d == "0" and len(s) > 1)]
+    s[i] = choices[rng.randrange(len(choices))]
+    return int("".join(s))
+
+
+def _other_wording(rng: random.Random, kind: str, comp: Computation, frame: int, order: int) -> tuple[int, int]:
+    """A (frame, order) different from the given one (falls back to another frame for non-commutative ops)."""
+    options = [(f, o) for f in range(3) for o in range(2 if comp.op in COMMUTATIVE else 1)]
+    options = [fo for fo in options if fo != (frame, order if comp.op in COMMUTATIVE else 0)]
+    return options[rng.randrange(len(options))]
+
+
+def generate_step_pairs(n: int, seed: int, difficulty: int | None = None) -> list[StepPair]:
+    """Labelled step pairs for training / evaluating the judge.
+
+    About half the pairs are equivalent: the same computation in another wording (other sentence frame,
+    with or without units, swapped operands of ``+``/``x``), a few identical. The rest are hard negatives:
+    the same or another wording with one digit changed in the result or in an operand, other operands
+    (a number of the problem), another operation on the same operands, swapped operands of ``-``/``/``,
+    or a different step of the same problem. Which step is "A" is random. Labels come from
+    :func:`steps_equivalent` (so they always agree with it).
+
+    Args:
+        n: number of pairs (>= 0).
+        seed: int; deterministic per ``(n, seed, difficulty)``.
+        difficulty: problem level, or ``None`` for a mix of all levels.
+
+    Returns:
+        list[:class:`StepPair`] of length ``n``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(seed)
+    pairs: list[StepPair] = []
+    while len(pairs) < n:
+        d = difficulty if difficulty is not None else DIFFICULTIES[rng.randrange(len(DIFFICULTIES))]
+        prob = _generate_one(rng, d)
+        j = rng.randrange(len(prob.steps))
+        pairs.append(_make_pair(rng, prob, j))
+    return pairs
+
+
+def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
+    ctx, kind, comp = prob.context, prob.kinds[j], prob.computations[j]
+    frame, order = step_style(ctx, j)
+    slots = _slots_for(prob, j)
+    gold = prob.steps[j]
+
+    def render(c: Computation, f: int, o: int, k: str = kind) -> str:
+        return render_step(k, c, ctx, f, o, slots)
+
+    def maybe_reword(c: Computation) -> str:
+        if rng.random() < 0.5:
+            return render(c, frame, order)
+        f, o = _other_wording(rng, kind, comp, frame, order)
+        return render(c, f, o)
+
+    u = rng.random()
+    x, y = comp.operands
+    if u < 0.05:
+        other = gold
+    elif u < 0.5:
+        f, o = _other_wording(rng, kind, comp, frame, order)
+        other = render(comp, f, o)
+    elif u < 0.64:  # result digit changed
+        other = maybe_reword(Computation(comp.op, comp.operands, _change_digit(rng, comp.result)))
+    elif u < 0.74:  # operand digit changed, result unchanged or recomputed
+        if rng.random() < 0.5:
+            ops = (_change_digit(rng, x), y)
+        else:
+            ops = (x, _change_digit(rng, y))
+        r = _apply(comp.op, *ops)
+        if r is None or r < 0 or rng.random() < 0.5:
+            r = comp.result
+        other = maybe_reword(Computation(comp.op, ops, r))
+    elif u < 0.80:  # another number of the problem as an operand
+        numbers = sorted({c.result for c in prob.computations} | {v for c in prob.computations for v in c.operands})
+        numbers = [v for v in numbers if v not in comp.operands] or [x + 1]
+        v = numbers[rng.randrange(len(numbers))]
+        ops = (v, y) if rng.random() < 0.5 else (x, v)
+        r = _apply(comp.op, *ops)
+        other = maybe_reword(Computation(comp.op, ops, r if r is not None and r >= 0 else comp.result))
+    elif u < 0.86:  # another operation on the same operands
+        ops2 = [o for o in OPS if o != comp.op]
+        op2 = ops2[rng.randrange(len(ops2))]
+        r = _apply(op2, x, y)
+        other = maybe_reword(Computation(op2, comp.operands, r if r is not None and r >= 0 else comp.result))
+    elif u < 0.90 and comp.op not in COMMUTATIVE:  # swapped operands of - or /
+        other = maybe_reword(Computation(comp.op, (y, x), comp.result))
+    else:  # a different step of the same problem (gold or other wording)
+        others = [i for i in range(len(prob.steps)) if i != j]
+        i = others[rng.randrange(len(others))]
+        if rng.random() < 0.5:
+            other = prob.steps[i]
+        else:
+            fi, oi = step_style(ctx, i)
+            f, o = _other_wording(rng, prob.kinds[i], prob.computations[i], fi, oi)
+            other = render_step(prob.kinds[i], prob.computations[i], ctx, f, o, _slots_for(prob, i))
+    a, b = (gold, other) if rng.random() < 0.5 else (other, gold)
+    return StepPair(a, b, steps_equivalent(a, b))
+
+
+def _slots_for(prob: Problem, j: int) -> _StepSlots:
+    return prob.step_slots[j] if j < len(prob.step_slots) else _StepSlots()

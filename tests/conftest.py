@@ -1,0 +1,68 @@
+"""Shared fixtures: real small models (no mocks).
+
+``tiny_model_dir``: a randomly initialised tiny Qwen3 checkpoint with a byte-level BPE tokenizer trained
+here on a small corpus (seeded; built once per session). ``demo_dir``: the committed demo trio.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "engines" / "demo"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def build_tiny_model(out: Path, seed: int = 0, layers: int = 2, hidden: int = 64, vocab: int = 320) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    corpus = [
+        f"Step {i}: {a} + {b} = {a + b}.\n\nThe total is {a * b} apples." for i, (a, b) in
+        enumerate((x % 97, (x * 7) % 89) for x in range(400))
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=len(fast), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=2 * hidden, max_position_embeddings=512,
+        tie_word_embeddings=False, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
+    )
+    model = Qwen3ForCausalLM(cfg)
+    # Random weights give near-uniform logits; scale the head so greedy argmax has real margins
+    # (untied, so the model does not just repeat its last token).
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_draft"), seed=1, layers=1, hidden=32)

@@ -1,0 +1,220 @@
+"""The portable engine against plain transformers decoding, on real (tiny, random) Qwen3 checkpoints.
+
+Greedy fp32 outputs must be token-identical with and without the prefix cache, with and without each
+token-level SD method, batched vs one by one, and concurrent vs sequential.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
+from lookahead_reasoning.backends.portable import PortableEngine
+
+NGRAM = SpecDecodeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3)
+DRAFT = SpecDecodeConfig(method="draft_model", num_speculative_tokens=3)
+TEXTS = [
+    "Step 3: 12 + 5 = 17.\n\nThe total",
+    "The total is 42 apples.",
+    "Step",
+    "Step 1: 4 + 4 = 8.\n\nStep 2: 8 + 4 = 12.\n\nStep 3: 12 + 4 =",
+]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir, tiny_draft_dir):
+    draft = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1)
+    target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, draft_engine=draft,
+                                            block_size=4)
+    nocache = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, prefix_cache=False)
+    yield target, nocache
+    for e in (target, nocache, draft):
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    """Plain ``model.generate`` greedy continuations (no EOS stop), 24 new tokens each."""
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    out = []
+    for text in TEXTS:
+        ids = tok.encode(text)
+        gen = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                             pad_token_id=tok.pad_token_id)
+        out.append((ids, gen[0, len(ids):].tolist()))
+    return out
+
+
+def _reqs(reference, spec=SpecDecodeConfig()):
+    return [GenerationRequest(ids, 24, spec=spec) for ids, _ in reference]
+
+
+def _truncate_at_eos(engine, tokens):
+    for i, t in enumerate(tokens):
+        if t in engine.eos_token_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+@pytest.mark.parametrize("spec", [SpecDecodeConfig(), NGRAM, DRAFT], ids=["plain", "ngram", "draft_model"])
+def test_batched_equals_reference(engines, reference, spec):
+    target, _ = engines
+    results = target.generate(_reqs(reference, spec))
+    for (ids, ref), res in zip(reference, results):
+        assert res.token_ids == _truncate_at_eos(target, ref)
+        assert res.finish_reason in ("length", "eos")
+
+
+@pytest.mark.parametrize("spec", [SpecDecodeConfig(), NGRAM], ids=["plain", "ngram"])
+def test_one_by_one_and_no_cache_equal_batched(engines, reference, spec):
+    target, nocache = engines
+    batched = [r.token_ids for r in target.generate(_reqs(reference, spec))]
+    single = [target.generate([r])[0].token_ids for r in _reqs(reference, spec)]
+    uncached = [r.token_ids for r in nocache.generate(_reqs(reference, spec))]
+    assert batched == single == uncached
+
+
+def test_concurrent_callers_equal_sequential(engines, reference):
+    target, _ = engines
+    sequential = [target.generate([r])[0].token_ids for r in _reqs(reference, NGRAM)]
+    out: dict[int, list[int]] = {}
+
+    def call(i, req):
+        out[i] = target.generate([req])[0].token_ids
+
+    threads = [threading.Thread(target=call, args=(i, r)) for i, r in enumerate(_reqs(reference, NGRAM) * 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [out[i] for i in range(len(TEXTS))] == sequential
+    assert [out[i + len(TEXTS)] for i in range(len(TEXTS))] == sequential
+
+
+def test_asyncio_callers_interleave(engines, reference):
+    target, _ = engines
+
+    async def main():
+        return await asyncio.gather(*(target.agenerate([r]) for r in _reqs(reference)))
+
+    results = asyncio.run(main())
+    assert [r[0].token_ids for r in results] == [_truncate_at_eos(target, ref) for _, ref in reference]
+
+
+def test_prefix_cache_serves_shared_branches(engines):
+    """LR-like access: branches sharing a long prefix prefill it once; the next cycle reuses it."""
+    target, _ = engines
+    target.reset_prefix_cache()
+    prefix = target.encode("Step 1: 4 + 4 = 8.\n\nStep 2: 8 + 4 = 12.\n\n") * 3
+    branches = [GenerationRequest(prefix + target.encode(" x" * j), 4) for j in range(5)]
+    res = target.generate(branches)
+    computed = sum(r.counters.prefill_tokens_computed for r in res)
+    cached = sum(r.counters.prefill_tokens_cached for r in res)
+    assert computed < len(prefix) + 5 * (4 + 6)  # the shared prefix is computed once (block tails aside)
+    assert cached >= 4 * (len(prefix) - 4)
+    again = target.generate(branches)
+    assert sum(r.counters.prefill_tokens_computed for r in again) <= 5 * 5
+    assert [r.token_ids for r in again] == [r.token_ids for r in res]
+
+
+def test_stop_string_completing_token_stays(engines):
+    target, _ = engines
+    ids = target.encode("Step 1: 4 + 4 = 8.")
+    free = target.generate([GenerationRequest(ids, 40)])[0]
+    text = free.text
+    # Pick a stop string that occurs in the free continuation, possibly across token boundaries.
+    stop = text[5:7]
+    assert stop
+    res = target.generate([GenerationRequest(ids, 40, stop=(stop,))])[0]
+    assert res.finish_reason == "stop"
+    assert stop in res.text and stop not in target.decode(res.token_ids[:-1])
+    assert res.token_ids == free.token_ids[: len(res.token_ids)]
+
+
+def test_sampling_is_seeded(engines, reference):
+    target, _ = engines
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=7)
+    reqs = [GenerationRequest(ids, 16, sampling=params) for ids, _ in reference]
+    a = [r.token_ids for r in target.generate(reqs)]
+    b = [r.token_ids for r in target.generate(reqs)]
+    assert a == b
+    other = [r.token_ids for r in target.generate([GenerationRequest(ids, 16, sampling=params.model_copy(
+        update={"seed": 8})) for ids, _ in reference])]
+    assert other != a
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"prompt_ids": []}, "prompt_ids"),
+        ({"prompt_ids": [10**6]}, "prompt_ids"),
+        ({"prompt_ids": [-1]}, "prompt_ids"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": -3}, "max_new_tokens"),
+        ({"max_new_tokens": 10**6}, "max_new_tokens"),
+        ({"stop": ("",)}, "stop"),
+    ],
+)
+def test_bad_requests_raise_and_engine_keeps_serving(engines, reference, kwargs, field):
+    target, _ = engines
+    base = {"prompt_ids": reference[0][0], "max_new_tokens": 8}
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        target.generate([GenerationRequest(**base)])
+    good = target.generate([GenerationRequest(reference[0][0], 8)])[0]
+    assert good.token_ids == _truncate_at_eos(target, reference[0][1][:8])
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: SamplingParams(temperature=-0.1), "temperature"),
+        (lambda: SamplingParams(top_p=0.0), "top_p"),
+        (lambda: SamplingParams(top_p=1.5), "top_p"),
+        (lambda: SamplingParams(top_k=-1), "top_k"),
+        (lambda: SpecDecodeConfig(method="ngram", num_speculative_tokens=-2), "num_speculative_tokens"),
+        (lambda: SpecDecodeConfig(method="ngram", num_speculative_tokens=2, prompt_lookup_max=-1),
+         "prompt_lookup_max"),
+    ],
+)
+def test_bad_sampling_and_spec_settings(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+def test_cancel_frees_rows(engines, reference):
+    target, _ = engines
+
+    async def main():
+        task = asyncio.ensure_future(target.agenerate([GenerationRequest(reference[0][0], 400)]))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if target.active_sequences == 0:
+                break
+            await asyncio.sleep(0.02)
+        return target.active_sequences
+
+    assert asyncio.run(main()) == 0
+
+
+@pytest.mark.parametrize("spec", [NGRAM, DRAFT], ids=["ngram", "draft_model"])
+def test_sampling_with_speculation_is_seeded_and_counts(engines, reference, spec):
+    target, _ = engines
+    params = SamplingParams(temperature=1.0, seed=3)
+    reqs = [GenerationRequest(ids, 16, sampling=params, spec=spec) for ids, _ in reference]
+    a = target.generate(reqs)
+    b = target.generate(reqs)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert sum(r.counters.drafted_tokens for r in a) > 0
+    assert all(r.counters.accepted_tokens <= r.counters.drafted_tokens for r in a)

@@ -1,0 +1,55 @@
+"""Speculative sampling keeps the target distribution; n-gram lookup proposes what followed a match."""
+
+from __future__ import annotations
+
+import torch
+
+from lookahead_reasoning.backends.base import SamplingParams
+from lookahead_reasoning.backends.spec_decode import make_warpers, ngram_propose, verify
+
+
+def _first_token_distribution(draft_probs, proposals_fn, trials=6000, vocab=6):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5]] * 3)
+    params = SamplingParams(temperature=1.0)
+    warpers = make_warpers(params)
+    counts = torch.zeros(vocab)
+    for _ in range(trials):
+        props = proposals_fn(gen)
+        v = verify(props, logits[: len(props) + 1], params, warpers, gen, draft_probs)
+        counts[v.tokens[0]] += 1
+    return counts / trials, torch.softmax(logits[0], -1)
+
+
+def test_one_hot_proposals_preserve_target_distribution():
+    # A deterministic proposer always proposing token 3 (unlikely under p).
+    emp, p = _first_token_distribution(None, lambda g: [3, 0])
+    assert 0.5 * (emp - p).abs().sum() < 0.03
+
+
+def test_model_proposals_preserve_target_distribution():
+    q = torch.tensor([[0.05, 0.05, 0.6, 0.1, 0.1, 0.1]] * 2)
+
+    def propose(g):
+        return [int(torch.multinomial(q[i], 1, generator=g)) for i in range(2)]
+
+    emp, p = _first_token_distribution(q, propose)
+    assert 0.5 * (emp - p).abs().sum() < 0.03
+
+
+def test_greedy_verify_accepts_matching_prefix():
+    logits = torch.full((4, 5), -5.0)
+    for i, t in enumerate([1, 2, 3, 4]):
+        logits[i, t] = 5.0
+    v = verify([1, 2, 0], logits, SamplingParams(), make_warpers(SamplingParams()), None)
+    assert v.tokens == [1, 2, 3] and v.accepted == 2
+    v = verify([1, 2, 3], logits, SamplingParams(), make_warpers(SamplingParams()), None)
+    assert v.tokens == [1, 2, 3, 4] and v.accepted == 3
+
+
+def test_ngram_propose_uses_most_recent_longest_match():
+    toks = [5, 6, 7, 8, 1, 5, 6, 9, 9, 5, 6]
+    assert ngram_propose(toks, 3, lookup_max=2, lookup_min=1) == [9, 9, 5]
+    assert ngram_propose([1, 2, 3], 3, 2, 1) == []
+    assert ngram_propose([4, 1, 2, 4], 2, 3, 1) == [1, 2]
