@@ -663,7 +663,8 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None) -> lis
     with or without units, swapped operands of ``+``/``x``), a few identical. The rest are hard negatives:
     the same or another wording with one digit changed in the result or in an operand, other operands
     (a number of the problem), another operation on the same operands, swapped operands of ``-``/``/``,
-    or a different step of the same problem. Which step is "A" is random. Labels come from
+    or a different step of the same problem. About 3% are answer lines (``"#### N"``: equal, another
+    number, or against a step). Which step is "A" is random. Labels come from
     :func:`steps_equivalent` (so they always agree with it).
 
     Args:
@@ -742,6 +743,15 @@ def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
             fi, oi = step_style(ctx, i)
             f, o = _other_wording(rng, prob.kinds[i], prob.computations[i], fi, oi)
             other = render_step(prob.kinds[i], prob.computations[i], ctx, f, o, _slots_for(prob, i))
+    if rng.random() < 0.03:  # answer lines: the same, another answer, or a step against an answer line
+        gold = prob.answer_line
+        v = rng.random()
+        if v < 0.4:
+            other = gold
+        elif v < 0.8:
+            other = ANSWER_PREFIX + str(_change_digit(rng, prob.answer))
+        else:
+            other = prob.steps[-1]
     a, b = (gold, other) if rng.random() < 0.5 else (other, gold)
     return StepPair(a, b, steps_equivalent(a, b))
 

@@ -104,7 +104,14 @@ class GenerationRequest:
 
 @dataclass
 class GenerationCounters:
-    """Work done for one request (all counts in tokens unless named otherwise)."""
+    """Work done for one request (all counts in tokens unless named otherwise).
+
+    ``forward_passes`` counts decoding forwards (each yields at least one token; prefill forwards, which may
+    serve several requests at once, are not counted); ``prefill_tokens_computed`` / ``prefill_tokens_cached``
+    split the prompt between KV computed for this request and KV served from the prefix cache;
+    ``drafted_tokens`` / ``accepted_tokens`` are token-level speculative decoding proposals and acceptances;
+    ``seconds`` is wall time from submission to completion.
+    """
 
     forward_passes: int = 0
     prefill_tokens_computed: int = 0

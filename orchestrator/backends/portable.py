@@ -287,6 +287,10 @@ class PortableEngine:
     def _loop(self) -> None:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
+        with torch.inference_mode():
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 while not self._closed and not self._pending and not self._running:
@@ -333,7 +337,6 @@ class PortableEngine:
             self._complete(s)
 
     # -- admission (prefill) ---------------------------------------------------------------------------
-    @torch.inference_mode()
     def _admit(self, new: list[_Seq]) -> None:
         use_cache = self.config.prefix_cache
         new.sort(key=lambda s: s.n_prompt)
@@ -359,7 +362,6 @@ class PortableEngine:
                 pos[r] = torch.arange(n, n + width)
                 real[r, : len(suf)] = True
                 new[r].counters.prefill_tokens_computed += len(suf)
-                new[r].counters.forward_passes += 1
             self._forward(group, ids, pos, real, logits=False)
         if use_cache:
             for r, (s, p) in enumerate(zip(new, prefixes)):
@@ -394,7 +396,6 @@ class PortableEngine:
         self._forward(tmp, ids, pos, real, logits=False)
         self.prefix_cache.insert(lcp, tmp.row_kv(0))
         new[0].counters.prefill_tokens_computed += len(suffix)
-        new[0].counters.forward_passes += 1
 
     def _merge(self, group: BatchKVCache, seqs: list[_Seq]) -> None:
         if not self._running:
@@ -461,7 +462,6 @@ class PortableEngine:
             props[r] = (list(res.token_ids), probs)
         return props
 
-    @torch.inference_mode()
     def _step(self) -> None:
         t0 = time.perf_counter()
         seqs = self._running

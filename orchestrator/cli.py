@@ -1,0 +1,245 @@
+"""The ``lookahead-reasoning`` command: argument parsing only; the work is done by library functions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .lookahead import MODES
+from .verifiers import JUDGES
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Option fields -> the CLI flag that sets them, for one-line errors naming the argument.
+_FLAGS = {
+    "gamma": "--gamma", "max_gamma": "--gamma", "mode": "--mode", "width": "--width", "temperature": "--temperature",
+    "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed", "max_tokens": "--max-tokens", "delimiter": "--delimiter",
+    "max_step_tokens": "--max-step-tokens", "name": "--judge", "prompt": "--prompt", "messages": "--messages",
+    "stop": "--stop", "profile": "--profile", "config": "--config", "dataset": "--dataset", "modes": "--modes",
+}
+
+
+def format_error(exc: Exception) -> str:
+    """One line naming the offending argument (pydantic errors name the field through their location)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            loc = [str(x) for x in first.get("loc", ()) if not str(x).isdigit()]
+            field = loc[-1] if loc else ""
+            msg = first.get("msg", str(exc)).replace("Value error, ", "")
+            flag = _FLAGS.get(field, field)
+            return f"{flag}: {msg}" if flag else msg
+        except Exception:  # noqa: BLE001 - fall back to the plain message
+            pass
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    field = text.split(":", 1)[0]
+    if field in _FLAGS:
+        return _FLAGS[field] + ":" + text.split(":", 1)[1]
+    return text
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=None, help="built-in profile (default: demo)")
+    p.add_argument("--config", default=None, help="profile YAML file (overrides --profile)")
+    p.add_argument("--gamma", type=int, default=None, help="lookahead depth (default 4)")
+    p.add_argument("--judge", choices=JUDGES, default=None, help="step verifier (default: the profile's)")
+    p.add_argument("--async", dest="async_mode", action="store_true", help="pipelined asynchronous loop")
+    p.add_argument("--adaptive-gamma", action="store_true", help="adapt gamma to acceptance and load")
+    p.add_argument("--width", type=int, default=None, help="draft candidates per depth (sync loop)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help="new-token budget")
+    p.add_argument("--max-step-tokens", type=int, default=None, help="tokens per step at most (default 100)")
+    p.add_argument("--delimiter", default=None, help='step delimiter (default "\\n\\n"; escapes like \\n allowed)')
+    p.add_argument("--stop", action="append", default=None, help="user stop string (repeatable)")
+
+
+def _options(defaults, args, mode: str | None = None):
+    from .lookahead import with_overrides
+
+    sampling = defaults.sampling.model_dump()
+    for key, val in (("temperature", args.temperature), ("top_p", args.top_p), ("top_k", args.top_k),
+                     ("seed", args.seed)):
+        if val is not None:
+            sampling[key] = val
+    step = defaults.step.model_dump()
+    if args.delimiter is not None:
+        step["delimiter"] = args.delimiter.encode().decode("unicode_escape")
+    if args.max_step_tokens is not None:
+        step["max_step_tokens"] = args.max_step_tokens
+    judge = defaults.judge.model_dump()
+    if args.judge:
+        judge["name"] = args.judge
+    return with_overrides(
+        defaults,
+        mode=mode, gamma=args.gamma, width=args.width, async_mode=args.async_mode or None,
+        adaptive_gamma=args.adaptive_gamma or None, max_tokens=args.max_tokens,
+        stop=tuple(args.stop) if args.stop else None, sampling=sampling, step=step, judge=judge,
+    )
+
+
+def _prepare(args, modes):
+    """Validate everything, then start the engines: returns ``(reasoner, options)``."""
+    from .profiles import build_reasoner, load_profile
+
+    profile = load_profile(args.profile, args.config)
+    opts = _options(profile.options, args, modes[0])
+    if opts.gamma > profile.max_gamma_cap:
+        raise ValueError(f"gamma: {opts.gamma} exceeds this profile's cap of {profile.max_gamma_cap}")
+    speculative = any(m in ("lr", "lr+sd") for m in modes)
+    judge_needed = speculative and opts.judge.name == "llm"
+    return build_reasoner(profile, need_draft=speculative, need_judge=judge_needed), opts
+
+
+def cmd_generate(args) -> int:
+    from .calibration import calibrate
+    from .profiles import close_reasoner
+
+    messages = None
+    if args.messages is not None:
+        try:
+            messages = json.loads(args.messages)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"messages: not valid JSON ({exc.msg})") from None
+    from .lookahead import validate_input
+
+    validate_input(args.prompt, messages)
+    reasoner, opts = _prepare(args, [args.mode])
+    try:
+        if opts.speculative and args.json:
+            reasoner.cost_model = calibrate(reasoner.target, reasoner.draft, ns=(opts.gamma + 1,))
+        if args.json:
+            res = reasoner.run(args.prompt, messages, opts)
+        else:
+            res = _stream_to_stdout(reasoner, args.prompt, messages, opts)
+    finally:
+        close_reasoner(reasoner)
+    m = res.metrics
+    if args.json:
+        metrics = m.to_dict()
+        metrics["finish_reason"] = res.finish_reason
+        if reasoner.cost_model is not None:
+            metrics["cost_model"] = reasoner.cost_model.to_dict()
+        print(json.dumps({"text": res.text, "mode": res.mode, "metrics": metrics}))
+    else:
+        acc = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
+        print(f"\n[{res.mode}] {m.generated_tokens} tokens in {m.seconds:.2f} s ({m.tokens_per_s:.1f} tok/s), "
+              f"{m.cycles} cycles, step acceptance {acc}, finish={res.finish_reason}", file=sys.stderr)
+    return 0
+
+
+def _stream_to_stdout(reasoner, prompt, messages, opts):
+    import asyncio
+
+    from .lookahead import LRResult
+
+    async def go():
+        result = None
+        async for ev in reasoner.stream(prompt, messages, opts):
+            if isinstance(ev, LRResult):
+                result = ev
+            else:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+        return result
+
+    return asyncio.run(go())
+
+
+def cmd_eval(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+    from tqdm import tqdm
+
+    from .answers import load_items
+    from .calibration import calibrate
+    from .evaluation import report_json, run_eval, write_json
+    from .profiles import close_reasoner
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"modes: unknown mode {bad[0] if bad else '(none)'!r} (choose from {', '.join(MODES)})")
+    if args.limit is not None and args.limit <= 0:
+        raise ValueError("--limit: must be > 0")
+    items = load_items(args.dataset, args.limit)
+    reasoner, base = _prepare(args, modes)
+    try:
+        cost = None
+        if any(m in ("lr", "lr+sd") for m in modes):
+            cost = calibrate(reasoner.target, reasoner.draft, ns=(base.gamma + 1,))
+            reasoner.cost_model = cost
+        with tqdm(total=len(items) * len(modes), desc="eval", unit="req", file=sys.stderr) as bar:
+            reports = run_eval(reasoner, items, modes, base, progress=bar.update, keep_outputs=args.keep_outputs)
+    finally:
+        close_reasoner(reasoner)
+    doc = report_json(args.dataset, reports, {"cost_model": cost.to_dict() if cost else None,
+                                              "options": base.model_dump(mode="json")})
+    table = Table(title=f"{args.dataset}: {len(items)} items")
+    for col in ("mode", "accuracy", "tok/s", "speedup vs ar", "acceptance", "estimate"):
+        table.add_column(col)
+    for mode, row in doc["modes"].items():
+        acc = "n/a" if row["accuracy"] is None else f"{row['accuracy']:.3f} ± {row['accuracy_stderr']:.3f}"
+        fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+        table.add_row(mode, acc, f"{row['tokens_per_s']:.1f}", fmt(row["speedup_vs_ar"]),
+                      fmt(row["acceptance_rate"]), fmt(row["speedup_estimate"]))
+    Console(file=sys.stderr).print(table)
+    if args.out:
+        write_json(args.out, doc)
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``PROG: error: argument --x: ...``), exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lookahead-reasoning", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="answer one prompt in-process")
+    g.add_argument("--prompt", default=None)
+    g.add_argument("--messages", default=None, help='chat messages as JSON: [{"role": "user", "content": "..."}]')
+    g.add_argument("--mode", choices=MODES, default="lr+sd")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(g)
+    g.set_defaults(func=cmd_generate)
+
+    e = sub.add_parser("eval", help="accuracy and speed per mode on a dataset")
+    e.add_argument("--dataset", default="synthetic", help="synthetic or a JSONL file")
+    e.add_argument("--limit", type=int, default=None)
+    e.add_argument("--modes", default="ar,sd,lr,lr+sd")
+    e.add_argument("--out", default=None, help="write the JSON report here")
+    e.add_argument("--keep-outputs", action="store_true", help="include every answer in the report")
+    _common(e)
+    e.set_defaults(func=cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "command", None) == "generate" and (args.prompt is None) == (args.messages is None):
+        parser.error("--prompt: give exactly one of --prompt or --messages")
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"lookahead-reasoning {args.command}: error: {format_error(exc)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,573 @@
+"""The Lookahead Reasoning loop (arXiv 2506.19830; DESIGN.md section 1): modes, sync and async cycles.
+
+Modes, through one entry point (:meth:`LookaheadReasoner.stream`):
+
+- ``ar``: the target alone, one call per step;
+- ``sd``: the target alone with token-level speculative decoding inside each step;
+- ``lr``: step-level speculation (draft proposes, target verifies in one batched call, a judge decides);
+- ``lr+sd``: both; the speedups multiply.
+
+Synchronous cycle (paper Algorithm 1): the draft writes ``d_0 .. d_{gamma-1}`` one after another; the
+target writes ``t_0 .. t_gamma`` in ONE batched call, ``t_j`` conditioned on ``x + d_0 .. d_{j-1}``; the
+output is the accepted prefix of drafts then ``t_{j*}``, ``j*`` being the first rejected position (a draft
+cut by the step token limit is never accepted; an accepted draft ending in EOS ends the answer).
+
+Asynchronous (pipelined) loop, as the reference implementation: the target's call for a position starts as
+soon as the draft step before it exists, while the draft keeps writing further steps, at most ``gamma``
+past the last committed step. When the oldest target step finishes it is compared with the draft at the
+same position: accepted drafts are committed and the pipeline slides on; otherwise the target's step is
+committed and speculation restarts from it. If the target finishes a position before the draft has
+written it, the target's step is committed at once (it is always correct).
+
+Width ``W > 1`` (optional, sync only): ``W`` candidate drafts per depth (candidate 0 greedy-or-sampled as
+configured, the others sampled with distinct seeds); the chain continues through candidate 0; a depth is
+accepted if any candidate is; if only a candidate ``c != 0`` is, it is committed and the cycle ends there
+(deeper target steps were conditioned on candidate 0).
+
+Draft and target with different tokenizers work by re-encoding step text for the other model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .backends.base import Engine, GenerationRequest, SamplingParams, SpecDecodeConfig
+from .metrics import RequestMetrics
+from .steps import Step, StepConfig
+from .verifiers import VerifierConfig, Verifier, make_verifier, timed_verify
+
+Mode = Literal["ar", "sd", "lr", "lr+sd"]
+MODES: tuple[str, ...] = ("ar", "sd", "lr", "lr+sd")
+
+# Reference defaults (DESIGN.md): n-gram SD with 6 speculative tokens and prompt_lookup_max 2.
+DEFAULT_SD = SpecDecodeConfig(method="ngram", num_speculative_tokens=6, prompt_lookup_max=2)
+
+
+class LROptions(BaseModel):
+    """Per-request options of the Lookahead Reasoning loop (validated; errors name the field)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    mode: Mode = "lr+sd"
+    gamma: int = Field(4, ge=0, description="lookahead depth (drafted steps per cycle)")
+    max_gamma: int = Field(8, ge=0, le=32, description="cap on gamma (and on the adaptive controller)")
+    width: int = Field(1, ge=1, le=4, description="draft candidates per depth (sync loop)")
+    async_mode: bool = Field(False, alias="async", description="pipelined asynchronous loop")
+    adaptive_gamma: bool = False
+    step: StepConfig = StepConfig()
+    max_tokens: int = Field(512, ge=1, description="total new-token budget (target tokens)")
+    stop: tuple[str, ...] = Field((), description="user stop strings (output ends after one)")
+    sampling: SamplingParams = SamplingParams()
+    draft_temperature: float = Field(0.7, gt=0.0, description="sampling temperature of extra width candidates")
+    target_spec: SpecDecodeConfig = DEFAULT_SD
+    draft_spec: SpecDecodeConfig = DEFAULT_SD
+    judge: VerifierConfig = VerifierConfig()
+    judge_timeout_s: float | None = Field(None, gt=0, description="per judge call; a timeout rejects the drafts")
+    draft_timeout_s: float | None = Field(None, gt=0, description="per draft call; a timeout drops to target-only")
+    target_timeout_s: float | None = Field(None, gt=0, description="per target call; a timeout is an error")
+
+    @model_validator(mode="after")
+    def _check(self) -> "LROptions":
+        if self.gamma > self.max_gamma:
+            raise ValueError(f"gamma: {self.gamma} exceeds max_gamma {self.max_gamma}")
+        if any((not isinstance(s, str)) or s == "" for s in self.stop):
+            raise ValueError("stop: stop strings must be non-empty")
+        return self
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode in ("lr", "lr+sd")
+
+    @property
+    def target_sd(self) -> SpecDecodeConfig:
+        return self.target_spec if self.mode in ("sd", "lr+sd") else SpecDecodeConfig()
+
+    @property
+    def draft_sd(self) -> SpecDecodeConfig:
+        return self.draft_spec if self.mode == "lr+sd" else SpecDecodeConfig()
+
+
+@dataclass
+class StepEvent:
+    """A piece of output decided by the loop (streamed as soon as it is decided)."""
+
+    text: str
+    source: Literal["draft", "target"]
+    depth: int
+    token_count: int
+
+
+@dataclass
+class LRResult:
+    """A finished request: the continuation text, its target token ids, why it ended, metrics, steps."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: Literal["stop", "eos", "length"]
+    mode: str
+    metrics: RequestMetrics
+    steps: list[StepEvent] = field(default_factory=list)
+
+
+class AdaptiveGamma:
+    """Adaptive lookahead depth (documented rule, applied after every verified position or cycle):
+
+    - all drafts of a cycle accepted: ``gamma += 1`` (up to ``max_gamma``);
+    - the first draft rejected: ``gamma -= 1`` (down to 0, i.e. plain target decoding);
+    - the target engine busy (``load >= load_threshold`` sequences in flight from all requests):
+      ``gamma = min(gamma, max(0, max_gamma - load // load_threshold))``;
+    - at ``gamma == 0`` every ``probe_every``-th cycle runs with ``gamma = 1`` so the controller can see
+      acceptance again and recover.
+    """
+
+    def __init__(self, start: int, max_gamma: int, load_threshold: int = 8, probe_every: int = 4) -> None:
+        self.gamma = start
+        self.max_gamma = max_gamma
+        self.load_threshold = load_threshold
+        self.probe_every = probe_every
+        self._idle_cycles = 0
+
+    def next_gamma(self, load: int) -> int:
+        cap = max(0, self.max_gamma - load // self.load_threshold) if self.load_threshold else self.max_gamma
+        self.gamma = min(self.gamma, cap)
+        if self.gamma == 0:
+            self._idle_cycles += 1
+            if self._idle_cycles % self.probe_every == 0 and cap > 0:
+                return 1
+            return 0
+        return self.gamma
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.gamma = min(self.gamma + 1, self.max_gamma)
+        elif accepted == 0:
+            self.gamma = max(self.gamma - 1, 0)
+
+
+class _Context:
+    """The committed sequence as each model sees it, plus the token budget."""
+
+    def __init__(self, target_prompt: list[int], draft_prompt: list[int] | None, max_tokens: int) -> None:
+        self.target_ids = list(target_prompt)
+        self.draft_ids = list(draft_prompt) if draft_prompt is not None else None
+        self.text = ""
+        self.generated: list[int] = []
+        self.max_tokens = max_tokens
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.generated)
+
+    def commit(self, step: Step) -> None:
+        self.target_ids += step.target_ids
+        if self.draft_ids is not None:
+            self.draft_ids += step.draft_ids
+        self.generated += step.target_ids
+        self.text += step.text
+
+
+class LookaheadReasoner:
+    """Runs requests in any mode over a target engine, an optional draft engine and a judge engine.
+
+    Args:
+        target: the target engine (required).
+        draft: the draft engine (required for ``lr`` / ``lr+sd``).
+        judge: the engine of the ``llm`` verifier (optional).
+        defaults: default :class:`LROptions`.
+        use_chat_template: wrap plain prompts as one user message when a model has a chat template.
+    """
+
+    def __init__(self, target: Engine, draft: Engine | None = None, judge: Engine | None = None,
+                 defaults: LROptions | None = None, use_chat_template: bool = True) -> None:
+        self.target, self.draft, self.judge_engine = target, draft, judge
+        self.defaults = defaults or LROptions()
+        self.use_chat_template = use_chat_template
+        self._verifiers: dict[tuple, Verifier] = {}
+        self.cost_model = None  # a calibration.CostModel, when measured: enables speedup estimates
+        self.shared_tokenizer = draft is not None and _same_vocab(target, draft)
+
+    # -- prompts ---------------------------------------------------------------------------------------
+    def prompt_ids(self, engine: Engine, prompt: str | None, messages: Sequence[dict] | None) -> list[int]:
+        """Prompt token ids for ``engine`` (chat template when available and enabled).
+
+        Raises:
+            ValueError: neither or both of prompt/messages, an empty prompt, or malformed messages.
+        """
+        validate_input(prompt, messages)
+        tok = getattr(engine, "tokenizer", None)
+        has_template = bool(getattr(tok, "chat_template", None))
+        if messages is not None:
+            if has_template:
+                return engine.apply_chat_template(list(messages))
+            return engine.encode("\n\n".join(m["content"] for m in messages) + "\n\n")
+        if has_template and self.use_chat_template:
+            return engine.apply_chat_template([{"role": "user", "content": prompt}])
+        return engine.encode(prompt)
+
+    def verifier(self, config: VerifierConfig) -> Verifier:
+        key = (config.name, config.embedding_threshold, config.random_p, config.seed)
+        if key not in self._verifiers:
+            self._verifiers[key] = make_verifier(config, self.judge_engine)
+        return self._verifiers[key]
+
+    # -- public API ------------------------------------------------------------------------------------
+    def options(self, **overrides) -> LROptions:
+        """Default options updated with ``overrides`` (see :func:`with_overrides`)."""
+        return with_overrides(self.defaults, **overrides)
+
+    async def generate(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+                       options: LROptions | None = None) -> LRResult:
+        """Run one request to completion (see :meth:`stream`)."""
+        result = None
+        async for event in self.stream(prompt, messages, options):
+            if isinstance(event, LRResult):
+                result = event
+        assert result is not None
+        return result
+
+    def run(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+            options: LROptions | None = None) -> LRResult:
+        """Blocking twin of :meth:`generate`."""
+        return asyncio.run(self.generate(prompt, messages, options))
+
+    async def stream(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+                     options: LROptions | None = None) -> AsyncIterator[StepEvent | LRResult]:
+        """Yield a :class:`StepEvent` per decided piece of output, then the :class:`LRResult`.
+
+        Raises:
+            ValueError: invalid prompt/messages/options, or a speculative mode without a draft engine.
+            RuntimeError: a target call failed (wraps the engine's error).
+        """
+        opts = options or self.defaults
+        if opts.speculative and self.draft is None:
+            raise ValueError(f"mode: {opts.mode!r} needs a draft model (the profile has none)")
+        target_prompt = self.prompt_ids(self.target, prompt, messages)
+        draft_prompt = None
+        if opts.speculative:
+            draft_prompt = target_prompt if self.shared_tokenizer else self.prompt_ids(self.draft, prompt, messages)
+        if len(target_prompt) >= self.target.context_length:
+            raise ValueError(
+                f"prompt: {len(target_prompt)} tokens do not fit the context window of "
+                f"{self.target.context_length} tokens"
+            )
+        if opts.speculative:
+            self.verifier(opts.judge)  # fail early on an unusable judge
+        max_tokens = min(opts.max_tokens, self.target.context_length - len(target_prompt))
+        ctx = _Context(target_prompt, draft_prompt, max_tokens)
+        run = _Run(self, opts, ctx)
+        async for event in run.events():
+            yield event
+
+
+def validate_input(prompt: str | None, messages: Sequence[dict] | None) -> None:
+    """Raise ``ValueError`` naming ``prompt`` or ``messages`` unless exactly one well-formed input is given."""
+    if (prompt is None) == (messages is None):
+        raise ValueError("prompt: give exactly one of prompt or messages")
+    if messages is not None:
+        if not isinstance(messages, (list, tuple)) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str)
+            and m.get("role") in ("system", "user", "assistant") for m in messages
+        ):
+            raise ValueError("messages: expected a non-empty list of {role: system|user|assistant, content: str}")
+        if not any(m["content"].strip() for m in messages):
+            raise ValueError("messages: all message contents are empty")
+    elif not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("prompt: empty or whitespace-only prompt")
+
+
+def with_overrides(defaults: LROptions, **overrides) -> LROptions:
+    """``defaults`` updated with the non-None ``overrides`` (validated; ``ValueError`` names a bad field)."""
+    data = defaults.model_dump(by_alias=False)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if "async" in data:
+        data["async_mode"] = data.pop("async")
+    return LROptions.model_validate(data)
+
+
+def _same_vocab(a: Engine, b: Engine) -> bool:
+    ta, tb = getattr(a, "tokenizer", None), getattr(b, "tokenizer", None)
+    if ta is None or tb is None:
+        return False
+    return ta.get_vocab() == tb.get_vocab()
+
+
+class _Run:
+    """State of one request while the loop runs."""
+
+    def __init__(self, owner: LookaheadReasoner, opts: LROptions, ctx: _Context) -> None:
+        self.o, self.opts, self.ctx = owner, opts, ctx
+        self.m = RequestMetrics(mode=opts.mode)
+        self.draft_ok = opts.speculative
+        self.controller = AdaptiveGamma(opts.gamma, opts.max_gamma) if opts.adaptive_gamma else None
+        self.stops = (opts.step.delimiter,) + tuple(opts.stop)
+        self.finish: str | None = None
+        self.events_out: list[StepEvent] = []
+        self.t0 = time.perf_counter()
+        self.verifier = owner.verifier(opts.judge) if opts.speculative else None
+
+    # -- engine calls ----------------------------------------------------------------------------------
+    def _request(self, prefix: list[int], budget: int, spec: SpecDecodeConfig, sampling: SamplingParams) -> GenerationRequest:
+        return GenerationRequest(prefix, max(1, min(self.opts.step.max_step_tokens, budget)), self.stops, sampling, spec)
+
+    def _target_sampling(self, salt: int) -> SamplingParams:
+        s = self.opts.sampling
+        if s.greedy or s.seed is None:
+            return s
+        return s.model_copy(update={"seed": (s.seed * 1_000_003 + salt) % (2**63)})
+
+    async def _target_steps(self, prefixes: list[list[int]], budgets: list[int]) -> list[Step]:
+        reqs = [self._request(p, b, self.opts.target_sd, self._target_sampling(len(p))) for p, b in zip(prefixes, budgets)]
+        t0 = time.perf_counter()
+        try:
+            results = await asyncio.wait_for(self.o.target.agenerate(reqs), self.opts.target_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"target model failed: {type(exc).__name__}: {exc}") from exc
+        self.m.target_seconds += time.perf_counter() - t0
+        steps = []
+        self.m.target_branches += len(results)
+        for r in results:
+            self.m.target_call_tokens += len(r.token_ids)
+            self.m.target_forward_passes += r.counters.forward_passes
+            self.m.target_drafted_tokens += r.counters.drafted_tokens
+            self.m.target_accepted_tokens += r.counters.accepted_tokens
+            draft_ids = r.token_ids if self.o.shared_tokenizer or self.o.draft is None else self.o.draft.encode(r.text)
+            steps.append(Step(r.text, list(r.token_ids), list(draft_ids), r.finish_reason, "target"))
+        return steps
+
+    async def _draft_steps(self, prefix: list[int], budget: int, width: int, salt: int) -> list[Step] | None:
+        """Draft one position (``width`` candidates). None if the draft failed (request goes target-only)."""
+        base = self.opts.sampling
+        reqs = [self._request(prefix, budget, self.opts.draft_sd, base)]
+        for c in range(1, width):
+            seed = ((base.seed or 0) * 7919 + salt * 31 + c) % (2**63)
+            s = SamplingParams(temperature=self.opts.draft_temperature, top_p=base.top_p, top_k=base.top_k, seed=seed)
+            reqs.append(self._request(prefix, budget, self.opts.draft_sd, s))
+        t0 = time.perf_counter()
+        try:
+            results = await asyncio.wait_for(self.o.draft.agenerate(reqs), self.opts.draft_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a failing draft degrades the request to target-only
+            self.draft_ok = False
+            self.m.draft_failures += 1
+            return None
+        finally:
+            self.m.draft_seconds += time.perf_counter() - t0
+        steps = []
+        for r in results:
+            target_ids = r.token_ids if self.o.shared_tokenizer else self.o.target.encode(r.text)
+            steps.append(Step(r.text, list(target_ids), list(r.token_ids), r.finish_reason, "draft"))
+        self.m.drafted_steps += len(steps)
+        return steps
+
+    async def _verify(self, pairs: list[tuple[Step, Step]]):
+        verdicts, seconds, failed = await timed_verify(self.verifier, pairs, self.opts.judge_timeout_s)
+        self.m.judge_seconds += seconds
+        if failed:
+            self.m.fallbacks += 1
+        return verdicts
+
+    # -- committing ------------------------------------------------------------------------------------
+    def _commit(self, step: Step, depth: int) -> StepEvent:
+        """Append a decided step; set ``self.finish`` when the answer is over."""
+        text, ids = step.text, step.target_ids
+        user_stop = [s for s in self.opts.stop if s in step.text]
+        if user_stop:
+            cut = min(step.text.index(s) + len(s) for s in user_stop)
+            if cut < len(step.text):
+                text = step.text[:cut]
+                ids = self.o.target.encode(text)
+                step = Step(text, ids, ids, "stop", step.source)
+        if len(ids) > self.ctx.remaining:
+            ids = ids[: self.ctx.remaining]
+            text = self.o.target.decode(ids)
+            step = Step(text, ids, self.o.draft.encode(text) if self.o.draft and not self.o.shared_tokenizer else ids,
+                        "length", step.source)
+        self.ctx.commit(step)
+        self.m.steps += 1
+        if step.source == "draft":
+            self.m.draft_tokens += len(ids)
+        else:
+            self.m.target_tokens += len(ids)
+        if self.m.ttft_seconds is None:
+            self.m.ttft_seconds = time.perf_counter() - self.t0
+        if user_stop:
+            self.finish = "stop"
+        elif step.finish == "eos":
+            self.finish = "eos"
+        elif self.ctx.remaining <= 0:
+            self.finish = "length"
+        event = StepEvent(text, step.source, depth, len(ids))
+        self.events_out.append(event)
+        return event
+
+    def _result(self) -> LRResult:
+        m = self.m
+        m.generated_tokens = len(self.ctx.generated)
+        m.seconds = time.perf_counter() - self.t0
+        m.speedup_estimate = m.estimate(self.o.cost_model)
+        return LRResult(self.ctx.text, list(self.ctx.generated), self.finish or "length", self.opts.mode, m,
+                        self.events_out)
+
+    def _gamma(self) -> int:
+        if not (self.opts.speculative and self.draft_ok):
+            return 0
+        if self.controller is None:
+            return self.opts.gamma
+        load = getattr(self.o.target, "active_sequences", 0)
+        return self.controller.next_gamma(load)
+
+    # -- loops -----------------------------------------------------------------------------------------
+    async def events(self) -> AsyncIterator[StepEvent | LRResult]:
+        if self.opts.speculative and self.opts.async_mode:
+            async for e in self._async_loop():
+                yield e
+        else:
+            while self.finish is None:
+                for e in await self._sync_cycle(self._gamma()):
+                    yield e
+        yield self._result()
+
+    async def _sync_cycle(self, gamma: int) -> list[StepEvent]:
+        ctx, width = self.ctx, self.opts.width
+        self.m.cycles += 1
+        self.m.gamma_sum += gamma
+        chain: list[Step] = []          # candidate 0 per depth
+        candidates: list[list[Step]] = []
+        used = 0
+        for j in range(gamma):
+            budget = ctx.remaining - used
+            if budget <= 0 or not self.draft_ok:
+                break
+            prefix = ctx.draft_ids + [t for d in chain for t in d.draft_ids]
+            cands = await self._draft_steps(prefix, budget, width, salt=len(prefix))
+            if cands is None:
+                break
+            chain.append(cands[0])
+            candidates.append(cands)
+            used += len(cands[0].target_ids)
+            if cands[0].finish != "stop":
+                break  # EOS or a cut step: nothing sensible follows it
+        prefixes, budgets = [], []
+        used = 0
+        for j in range(len(chain) + 1):
+            if ctx.remaining - used <= 0:
+                break
+            prefixes.append(ctx.target_ids + [t for d in chain[:j] for t in d.target_ids])
+            budgets.append(ctx.remaining - used)
+            if j < len(chain):
+                used += len(chain[j].target_ids)
+        targets = await self._target_steps(prefixes, budgets)
+        pairs, index = [], []
+        for j, cands in enumerate(candidates):
+            if j >= len(targets):
+                break
+            for c, d in enumerate(cands):
+                if d.complete:
+                    pairs.append((targets[j], d))
+                    index.append((j, c))
+        verdicts = await self._verify(pairs) if pairs else []
+        ok: dict[tuple[int, int], bool] = {k: v.accept for k, v in zip(index, verdicts)}
+        events: list[StepEvent] = []
+        accepted = 0
+        for j in range(len(chain)):
+            if j >= len(targets):
+                break
+            verified = any((j, c) in ok for c in range(len(candidates[j])))
+            hit = next((c for c in range(len(candidates[j])) if ok.get((j, c))), None)
+            if verified:
+                self.m.record_depth(j, hit is not None)
+            if hit is None:
+                break
+            events.append(self._commit(candidates[j][hit], j))
+            accepted += 1
+            if self.finish or hit != 0:
+                self._adapt(len(chain), accepted)
+                return events
+        self._adapt(len(chain), accepted)
+        if accepted < len(targets):
+            events.append(self._commit(targets[accepted], accepted))
+        return events
+
+    def _adapt(self, drafted: int, accepted: int) -> None:
+        if self.controller is not None:
+            self.controller.update(drafted, accepted)
+
+    async def _async_loop(self) -> AsyncIterator[StepEvent]:
+        ctx = self.ctx
+        while self.finish is None:
+            gamma = self._gamma()
+            self.m.cycles += 1
+            self.m.gamma_sum += gamma
+            drafts: list[Step] = []
+            targets: list[asyncio.Task] = [asyncio.ensure_future(self._target_steps([ctx.target_ids], [ctx.remaining]))]
+            draft_task = self._start_draft(drafts, gamma)
+            depth = 0
+            try:
+                while self.finish is None:
+                    wait = {targets[0]} | ({draft_task} if draft_task else set())
+                    done, _ = await asyncio.wait(wait, return_when=asyncio.FIRST_COMPLETED)
+                    if draft_task is not None and draft_task in done:
+                        got = draft_task.result()
+                        draft_task = None
+                        if got is not None:
+                            d = got[0]
+                            drafts.append(d)
+                            used = sum(len(x.target_ids) for x in drafts)
+                            if d.finish == "stop" and ctx.remaining - used > 0:
+                                prefix = ctx.target_ids + [t for x in drafts for t in x.target_ids]
+                                targets.append(asyncio.ensure_future(self._target_steps([prefix], [ctx.remaining - used])))
+                                draft_task = self._start_draft(drafts, gamma)
+                        if targets[0] not in done:
+                            continue
+                    t0 = targets[0].result()[0]
+                    if drafts and drafts[0].complete:
+                        verdict = (await self._verify([(t0, drafts[0])]))[0]
+                        self.m.record_depth(depth, verdict.accept)
+                        self._adapt(1, int(verdict.accept))
+                        if verdict.accept:
+                            yield self._commit(drafts.pop(0), depth)
+                            depth += 1
+                            targets.pop(0)
+                            if self.finish is not None:
+                                break
+                            gamma = self._gamma()
+                            if not targets:
+                                used = sum(len(x.target_ids) for x in drafts)
+                                prefix = ctx.target_ids + [t for x in drafts for t in x.target_ids]
+                                targets.append(asyncio.ensure_future(self._target_steps([prefix], [ctx.remaining - used])))
+                            if draft_task is None and (not drafts or drafts[-1].finish == "stop"):
+                                draft_task = self._start_draft(drafts, gamma)
+                            continue
+                    yield self._commit(t0, depth)
+                    break  # target step committed: restart speculation from it
+            finally:
+                for task in targets[1:] + ([draft_task] if draft_task else []):
+                    task.cancel()
+                for task in targets + ([draft_task] if draft_task else []):
+                    if not task.done():
+                        try:
+                            await task
+                        except BaseException:  # noqa: BLE001 - cancelled speculative work
+                            pass
+
+    def _start_draft(self, drafts: list[Step], gamma: int) -> asyncio.Task | None:
+        if not self.draft_ok or len(drafts) >= gamma:
+            return None
+        used = sum(len(x.target_ids) for x in drafts)
+        budget = self.ctx.remaining - used
+        if budget <= 0:
+            return None
+        prefix = self.ctx.draft_ids + [t for x in drafts for t in x.draft_ids]
+        return asyncio.ensure_future(self._draft_steps(prefix, budget, 1, salt=len(prefix)))

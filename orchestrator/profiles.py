@@ -1,0 +1,98 @@
+"""Profiles: which models play target, draft and judge, on which runtime, with which default options.
+
+Built-in profiles are listed in :data:`PROFILES`; any profile can also be given as a YAML file with the same
+fields (``--config FILE``). Relative model paths resolve against the engines directory (the repository's
+``engines/`` folder, or ``$LOOKAHEAD_ENGINES_DIR``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from .lookahead import LROptions
+from .verifiers import VerifierConfig
+
+ENGINES_DIR = Path(os.environ.get("LOOKAHEAD_ENGINES_DIR", Path(__file__).resolve().parents[1] / "engines"))
+
+
+class ModelSpec(BaseModel):
+    """One model role's engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(..., description="checkpoint folder (relative to the engines directory) or reference")
+    runtime: Literal["portable", "trtllm", "openai", "triton"] = "portable"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    num_threads: int | None = Field(1, ge=1, description="torch threads of this engine")
+    max_batch_size: int = Field(64, ge=1)
+    prefix_cache_mb: float = Field(256.0, gt=0)
+    url: str | None = Field(None, description="server address for the openai/triton runtimes")
+
+    def resolved_path(self) -> Path:
+        p = Path(self.path)
+        return p if p.is_absolute() else ENGINES_DIR / p
+
+
+class Profile(BaseModel):
+    """A named model set and its default request options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    target: ModelSpec
+    draft: ModelSpec | None = None
+    judge: ModelSpec | None = None
+    options: LROptions = LROptions()
+    max_gamma_cap: int = Field(8, ge=0, description="largest gamma a request may ask for")
+
+
+PROFILES: dict[str, Profile] = {
+    "demo": Profile(
+        name="demo",
+        description="the embedded demo trio (engines/demo): synthetic step-structured arithmetic",
+        target=ModelSpec(path="demo/target"),
+        draft=ModelSpec(path="demo/draft"),
+        judge=ModelSpec(path="demo/judge"),
+        options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=400),
+    ),
+}
+
+
+def load_profile(name: str | None = None, config: str | Path | None = None) -> Profile:
+    """A built-in profile by name, or one read from a YAML file.
+
+    Raises:
+        ValueError: unknown profile name or an invalid file (the message names the field).
+    """
+    if config is not None:
+        data = yaml.safe_load(Path(config).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"config: {config} does not hold a mapping")
+        return Profile.model_validate(data)
+    name = name or "demo"
+    if name not in PROFILES:
+        raise ValueError(f"profile: unknown profile {name!r} (choose from {', '.join(PROFILES)})")
+    return PROFILES[name]
+
+
+def build_reasoner(profile: Profile, need_draft: bool = True, need_judge: bool = True):
+    """Start the profile's engines and return a :class:`~lookahead_reasoning.lookahead.LookaheadReasoner`."""
+    from .backends import make_engine
+    from .lookahead import LookaheadReasoner
+
+    draft = make_engine(profile.draft) if (need_draft and profile.draft) else None
+    judge = make_engine(profile.judge) if (need_judge and profile.judge) else None
+    target = make_engine(profile.target, draft_engine=draft)
+    return LookaheadReasoner(target, draft, judge, defaults=profile.options)
+
+
+def close_reasoner(reasoner) -> None:
+    for e in {id(x): x for x in (reasoner.target, reasoner.draft, reasoner.judge_engine) if x is not None}.values():
+        e.close()

