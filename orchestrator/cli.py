@@ -23,23 +23,12 @@ _FLAGS = {
 
 
 def format_error(exc: Exception) -> str:
-    """One line naming the offending argument (pydantic errors name the field through their location)."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            loc = [str(x) for x in first.get("loc", ()) if not str(x).isdigit()]
-            field = loc[-1] if loc else ""
-            msg = first.get("msg", str(exc)).replace("Value error, ", "")
-            flag = _FLAGS.get(field, field)
-            return f"{flag}: {msg}" if flag else msg
-        except Exception:  # noqa: BLE001 - fall back to the plain message
-            pass
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    field = text.split(":", 1)[0]
-    if field in _FLAGS:
-        return _FLAGS[field] + ":" + text.split(":", 1)[1]
-    return text
+    """One line naming the offending argument (the CLI flag where there is one)."""
+    from .errors import describe
+
+    field, msg = describe(exc)
+    flag = _FLAGS.get(field, field)
+    return f"{flag}: {msg}" if flag else msg
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -203,6 +192,59 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def cmd_serve(args) -> int:
+    from .serving.server import ServerConfig, TritonServer, prepare_repository, serve_forever
+
+    limits = {"max_tokens_limit": str(args.max_tokens_limit), "max_prompt_bytes": str(args.max_prompt_bytes),
+              "max_concurrency": str(args.max_concurrency), "call_timeout_s": str(args.call_timeout_s or 0)}
+    repo = prepare_repository(args.profile, args.config, args.model_repository, limits)
+    config = ServerConfig(repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
+                          model_control_mode=args.model_control_mode)
+    print(f"model repository: {repo}", flush=True)
+    return serve_forever(TritonServer(config, log_path=args.log_file), openai_port=args.openai_port)
+
+
+def cmd_client(args) -> int:
+    import asyncio
+
+    from .serving.client import TritonLRClient
+
+    params = {"max_tokens": args.max_tokens, "mode": args.mode, "gamma": args.gamma, "judge": args.judge,
+              "temperature": args.temperature, "seed": args.seed}
+    client = TritonLRClient(args.url, args.protocol)
+
+    async def go():
+        if args.stream:
+            text, metrics = "", {}
+            async for c in client.stream(args.prompt, **params):
+                if c.metrics is not None:
+                    metrics = c.metrics
+                elif not args.json:
+                    sys.stdout.write(c.text)
+                    sys.stdout.flush()
+                text += c.text
+            return text, metrics
+        ans = await client.generate(args.prompt, **params)
+        if not args.json:
+            sys.stdout.write(ans.text)
+        return ans.text, ans.metrics
+
+    from .serving.client import ServerError
+
+    try:
+        text, metrics = asyncio.run(go())
+    except (ValueError, ServerError) as exc:
+        raise ValueError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - server/transport errors: one line, non-zero exit
+        raise ValueError(f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+    if args.json:
+        print(json.dumps({"text": text, "mode": metrics.get("mode"), "metrics": metrics}))
+    else:
+        print(f"\n[{metrics.get('mode')}] {metrics.get('generated_tokens')} tokens in "
+              f"{metrics.get('seconds', 0):.2f} s, acceptance {metrics.get('acceptance_rate')}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lookahead-reasoning", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -223,6 +265,37 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--keep-outputs", action="store_true", help="include every answer in the report")
     _common(e)
     e.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("serve", help="start Triton Inference Server with the profile's models")
+    s.add_argument("--profile", default=None, help="built-in profile (default: demo)")
+    s.add_argument("--config", default=None, help="profile YAML file")
+    s.add_argument("--model-repository", default=None, help="render the repository here (default: a temp dir)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address of every port (default loopback)")
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--openai-port", type=int, default=None, help="also serve the OpenAI-compatible front here")
+    s.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
+    s.add_argument("--max-prompt-bytes", type=int, default=65536)
+    s.add_argument("--max-concurrency", type=int, default=256, help="requests in flight before refusing")
+    s.add_argument("--call-timeout-s", type=float, default=None, help="timeout of each call to a role model")
+    s.add_argument("--log-file", default=None, help="append the server log here")
+    s.set_defaults(func=cmd_serve)
+
+    c = sub.add_parser("client", help="send one prompt to a running server")
+    c.add_argument("--url", default="127.0.0.1:8001", help="HOST:PORT (gRPC port, or HTTP port with --protocol http)")
+    c.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    c.add_argument("--prompt", required=True)
+    c.add_argument("--stream", action="store_true", help="print steps as they arrive")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--mode", choices=MODES, default=None)
+    c.add_argument("--gamma", type=int, default=None)
+    c.add_argument("--judge", choices=JUDGES, default=None)
+    c.add_argument("--max-tokens", type=int, default=None)
+    c.add_argument("--temperature", type=float, default=None)
+    c.add_argument("--seed", type=int, default=None)
+    c.set_defaults(func=cmd_client)
     return parser
 
 
@@ -236,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--prompt: give exactly one of --prompt or --messages")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"lookahead-reasoning {args.command}: error: {format_error(exc)}", file=sys.stderr)
         return 2
 

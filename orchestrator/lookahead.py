@@ -303,7 +303,7 @@ class _Run:
 
     def __init__(self, owner: LookaheadReasoner, opts: LROptions, ctx: _Context) -> None:
         self.o, self.opts, self.ctx = owner, opts, ctx
-        self.m = RequestMetrics(mode=opts.mode)
+        self.m = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids))
         self.draft_ok = opts.speculative
         self.controller = AdaptiveGamma(opts.gamma, opts.max_gamma) if opts.adaptive_gamma else None
         self.stops = (opts.step.delimiter,) + tuple(opts.stop)
@@ -400,6 +400,7 @@ class _Run:
             self.m.draft_tokens += len(ids)
         else:
             self.m.target_tokens += len(ids)
+            self.m.target_steps += 1
         if self.m.ttft_seconds is None:
             self.m.ttft_seconds = time.perf_counter() - self.t0
         if user_stop:

@@ -62,11 +62,13 @@ class RequestMetrics:
     """
 
     mode: str = "lr+sd"
+    prompt_tokens: int = 0
     generated_tokens: int = 0
     seconds: float = 0.0
     ttft_seconds: float | None = None
     cycles: int = 0
     steps: int = 0
+    target_steps: int = 0
     drafted_steps: int = 0
     verified_steps: int = 0
     accepted_steps: int = 0

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .base import GenerationCounters, GenerationRequest, GenerationResult
 from .kv_cache import BatchKVCache, PrefixCache
 from .spec_decode import make_warpers, ngram_propose, verify
+from .tokenizer import TokenizerAccess
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class _Seq:
         return self.tokens[self.n_prompt:]
 
 
-class PortableEngine:
+class PortableEngine(TokenizerAccess):
     """Batch generation engine over a transformers causal LM (see module docstring).
 
     Args:
@@ -106,35 +107,25 @@ class PortableEngine:
     name = "portable"
 
     def __init__(self, config: PortableEngineConfig, draft_engine: "PortableEngine | None" = None) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         self.config = config
         self.draft_engine = draft_engine
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.dtype]
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         self.model = AutoModelForCausalLM.from_pretrained(
             config.model, dtype=self.dtype, attn_implementation=config.attn_implementation
         ).to(self.device).eval()
         mc = self.model.config
+        self._load_tokenizer(config.model, mc, self.model.generation_config)
         self._num_layers = mc.num_hidden_layers
         self._kv_heads = getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads
         self._head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
-        self._vocab = mc.vocab_size
-        self._context = int(getattr(mc, "max_position_embeddings", 2048))
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._mask_keys = ["full_attention"] + (
             ["sliding_attention"] if "sliding_attention" in (getattr(mc, "layer_types", None) or []) else []
         )
-        eos = set()
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        for e in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]):
-            if e is not None:
-                eos.add(int(e))
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(int(self.tokenizer.eos_token_id))
-        self._eos = frozenset(eos)
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
         self.prefix_cache = PrefixCache(config.block_size, int(config.prefix_cache_mb * (1 << 20)))
@@ -153,38 +144,6 @@ class PortableEngine:
     def from_pretrained(cls, model: str, draft_engine: "PortableEngine | None" = None, **kwargs) -> "PortableEngine":
         """Shorthand for ``PortableEngine(PortableEngineConfig(model=model, **kwargs))``."""
         return cls(PortableEngineConfig(model=model, **kwargs), draft_engine=draft_engine)
-
-    # -- tokenizer access ------------------------------------------------------------------------------
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self._eos
-
-    @property
-    def context_length(self) -> int:
-        return self._context
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Prompt ids of chat ``messages`` through the tokenizer's chat template.
-
-        Raises:
-            ValueError: the tokenizer has no chat template.
-        """
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("messages: this model's tokenizer has no chat template; send a plain prompt")
-        out = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
-        )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
 
     # -- public generation API -------------------------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:

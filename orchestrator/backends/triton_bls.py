@@ -1,0 +1,93 @@
+"""Engine backend that calls a Triton role model (``draft`` / ``target`` / ``judge``) over BLS.
+
+Used inside the ``lookahead_reasoning`` Triton model (``async def execute``): each engine call becomes one
+``pb_utils.InferenceRequest`` to the role model, awaited with ``async_exec(decoupled=True)`` (the role models
+are decoupled so that concurrent calls interleave and join the engine's in-flight batch). Tensor layout:
+:mod:`lookahead_reasoning.serving.protocol`. Only importable inside a Triton Python-backend process.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..serving.protocol import arrays_to_results, requests_to_arrays
+from .base import GenerationRequest, GenerationResult
+from .tokenizer import TokenizerAccess
+
+OUTPUTS = ["output_ids", "output_lengths", "text_output", "finish_reason", "counters"]
+
+
+class TritonBLSEngine(TokenizerAccess):
+    """The Engine interface over a Triton role model, from inside the server.
+
+    Args:
+        model_name: the role model's name in the repository.
+        checkpoint: local checkpoint folder (tokenizer, config) of the model the role serves.
+        timeout_s: per-call timeout passed to Triton (None: no timeout).
+
+    Raises:
+        ImportError: outside a Triton Python-backend process (``triton_python_backend_utils`` missing).
+    """
+
+    name = "triton-bls"
+
+    def __init__(self, model_name: str, checkpoint: str, timeout_s: float | None = None) -> None:
+        import triton_python_backend_utils as pb_utils  # noqa: F401 - fails clearly outside Triton
+
+        self._pb = pb_utils
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self._load_tokenizer(checkpoint)
+        self.in_flight = 0
+
+    @property
+    def active_sequences(self) -> int:
+        """Sequences this process currently has in flight on the role model (a load signal)."""
+        return self.in_flight
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """One BLS call per group of requests sharing stop strings and SD settings.
+
+        Raises:
+            RuntimeError: the role model answered with an error (its message is kept).
+        """
+        pb = self._pb
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.stop, r.spec), []).append(i)
+        out: list[GenerationResult | None] = [None] * len(requests)
+        self.in_flight += len(requests)
+        try:
+            for idx in groups.values():
+                arrays = requests_to_arrays([requests[i] for i in idx])
+                inputs = [pb.Tensor(name, arr) for name, arr in arrays.items()]
+                kwargs = {}
+                if self.timeout_s:
+                    kwargs["timeout"] = int(self.timeout_s * 1e6)  # microseconds
+                req = pb.InferenceRequest(model_name=self.model_name, inputs=inputs,
+                                          requested_output_names=OUTPUTS, **kwargs)
+                responses = await req.async_exec(decoupled=True)
+                got = None
+                for resp in responses:
+                    if resp.has_error():
+                        raise RuntimeError(f"{self.model_name}: {resp.error().message()}")
+                    if resp.output_tensors():
+                        got = resp
+                if got is None:
+                    raise RuntimeError(f"{self.model_name}: no response")
+
+                def get(name, resp=got):
+                    t = pb.get_output_tensor_by_name(resp, name)
+                    return None if t is None else t.as_numpy()
+
+                for i, res in zip(idx, arrays_to_results(get)):
+                    out[i] = res
+        finally:
+            self.in_flight -= len(requests)
+        return out  # type: ignore[return-value]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        raise RuntimeError("TritonBLSEngine is asynchronous only (use agenerate inside async execute)")
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,34 @@
+"""One-line error messages that name the offending field (for the CLI, the Triton models and HTTP fronts)."""
+
+from __future__ import annotations
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    """``(field, message)`` for an exception; pydantic validation errors name the field through their location,
+    our own ``ValueError``s start with ``"field: "``. ``field`` is "" when unknown."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            loc = [str(x) for x in first.get("loc", ()) if not str(x).isdigit()]
+            msg = str(first.get("msg", exc)).replace("Value error, ", "")
+            field = loc[-1] if loc else ""
+            if not field and ":" in msg:  # model-level validators put the field in the message
+                head, rest = msg.split(":", 1)
+                if head.isidentifier():
+                    return head, rest.strip()
+            return field, msg
+        except Exception:  # noqa: BLE001 - fall through to the plain message
+            pass
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    head, sep, rest = line.partition(":")
+    if sep and head.replace("_", "").replace(".", "").isalnum() and " " not in head:
+        return head, rest.strip()
+    return "", line
+
+
+def one_line(exc: BaseException) -> str:
+    """``"field: message"`` (or just the message)."""
+    field, msg = describe(exc)
+    return f"{field}: {msg}" if field else msg

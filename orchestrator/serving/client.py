@@ -1,0 +1,206 @@
+"""Clients of the ``lookahead_reasoning`` Triton model, over gRPC streaming or Triton's HTTP generate extension.
+
+``TritonLRClient.stream(...)`` yields :class:`StepChunk` objects as steps arrive (the last one carries the
+request's metrics); ``generate(...)`` returns the whole answer. Request parameters are the model's inputs
+(see :mod:`lookahead_reasoning.serving.protocol`): ``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
+``seed``, ``stop``, ``mode``, ``gamma``, ``judge``, ``async``, ``adaptive_gamma``, ``width``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import numpy as np
+
+MODEL = "lookahead_reasoning"
+
+# input name -> (Triton dtype, numpy dtype)
+_TYPES = {
+    "text_input": ("BYTES", np.object_), "messages": ("BYTES", np.object_), "max_tokens": ("INT32", np.int32),
+    "stream": ("BOOL", np.bool_), "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32),
+    "top_k": ("INT32", np.int32), "seed": ("INT64", np.int64), "stop": ("BYTES", np.object_),
+    "mode": ("BYTES", np.object_), "gamma": ("INT32", np.int32), "judge": ("BYTES", np.object_),
+    "async": ("BOOL", np.bool_), "adaptive_gamma": ("BOOL", np.bool_), "width": ("INT32", np.int32),
+}
+
+
+class ServerError(RuntimeError):
+    """The server answered the request with an error (its message names the field for bad input)."""
+
+
+@dataclass
+class StepChunk:
+    """One streamed piece: the step text, its token count, who wrote it, arrival time (``time.perf_counter``);
+    ``metrics`` is set on the final chunk only."""
+
+    text: str
+    token_count: int = 0
+    source: str | None = None
+    depth: int | None = None
+    arrival_s: float = field(default_factory=time.perf_counter)
+    metrics: dict | None = None
+
+
+@dataclass
+class Answer:
+    text: str
+    metrics: dict
+    chunks: list[StepChunk]
+
+
+def _inputs(prompt, messages, stream: bool, params: dict) -> dict[str, np.ndarray]:
+    values: dict[str, object] = dict(params)
+    if prompt is not None:
+        values["text_input"] = prompt
+    if messages is not None:
+        values["messages"] = messages if isinstance(messages, str) else json.dumps(list(messages))
+    values["stream"] = stream
+    out = {}
+    for name, v in values.items():
+        if v is None:
+            continue
+        if name not in _TYPES:
+            raise ValueError(f"{name}: unknown request parameter")
+        _, dtype = _TYPES[name]
+        if name == "stop":
+            seq = [v] if isinstance(v, str) else list(v)
+            out[name] = np.array([s.encode() for s in seq], dtype=np.object_)
+        elif dtype is np.object_:
+            out[name] = np.array([v.encode() if isinstance(v, str) else v], dtype=np.object_)
+        else:
+            out[name] = np.array([v], dtype=dtype)
+    return out
+
+
+def _chunk(text: str, metrics_json: str) -> StepChunk:
+    info = json.loads(metrics_json) if metrics_json else {}
+    if "step_tokens" in info:
+        return StepChunk(text, info["step_tokens"], info.get("source"), info.get("depth"))
+    return StepChunk(text, info.get("generated_tokens", 0) if text else 0, metrics=info or None)
+
+
+class TritonLRClient:
+    """Async client of the ``lookahead_reasoning`` model.
+
+    Args:
+        url: ``HOST:PORT`` of Triton's gRPC (``protocol="grpc"``) or HTTP (``protocol="http"``) endpoint.
+        protocol: ``grpc`` (bidirectional streaming) or ``http`` (the generate extension; SSE for streaming).
+        timeout_s: per-request timeout.
+    """
+
+    def __init__(self, url: str, protocol: str = "grpc", timeout_s: float = 600.0) -> None:
+        if protocol not in ("grpc", "http"):
+            raise ValueError(f"protocol: must be grpc or http, got {protocol!r}")
+        self.url, self.protocol, self.timeout_s = url, protocol, timeout_s
+
+    async def stream(self, prompt: str | None = None, messages=None, **params) -> AsyncIterator[StepChunk]:
+        """Yield steps as they are decided, then a final chunk with ``metrics``.
+
+        Raises:
+            ServerError: the server rejected or failed the request.
+        """
+        inputs = _inputs(prompt, messages, True, params)
+        if self.protocol == "grpc":
+            async for c in self._grpc(inputs):
+                yield c
+        else:
+            async for c in self._http(inputs, stream=True):
+                yield c
+
+    async def generate(self, prompt: str | None = None, messages=None, stream: bool = False, **params) -> Answer:
+        """The whole answer (``stream=True`` collects streamed steps)."""
+        if stream:
+            chunks = [c async for c in self.stream(prompt, messages, **params)]
+        else:
+            inputs = _inputs(prompt, messages, False, params)
+            gen = self._grpc(inputs) if self.protocol == "grpc" else self._http(inputs, stream=False)
+            chunks = [c async for c in gen]
+        text = "".join(c.text for c in chunks)  # a streamed answer's final chunk has empty text
+        metrics = next((c.metrics for c in reversed(chunks) if c.metrics is not None), {})
+        return Answer(text, metrics, chunks)
+
+    async def _grpc(self, inputs: dict[str, np.ndarray]) -> AsyncIterator[StepChunk]:
+        import tritonclient.grpc.aio as grpcclient
+
+        client = grpcclient.InferenceServerClient(self.url)
+        infer_inputs = []
+        for name, arr in inputs.items():
+            t = grpcclient.InferInput(name, list(arr.shape), _TYPES[name][0])
+            t.set_data_from_numpy(arr)
+            infer_inputs.append(t)
+        outputs = [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("metrics")]
+
+        async def requests():
+            yield {"model_name": MODEL, "inputs": infer_inputs, "outputs": outputs,
+                   "request_id": f"lr-{time.monotonic_ns()}", "enable_empty_final_response": True}
+
+        try:
+            stream = client.stream_infer(requests(), stream_timeout=self.timeout_s)
+            async for result, error in stream:
+                if error is not None:
+                    raise ServerError(str(error.message() if hasattr(error, "message") else error))
+                resp = result.get_response()
+                final = resp.parameters.get("triton_final_response")
+                if result.as_numpy("text_output") is not None:
+                    text = result.as_numpy("text_output").reshape(-1)[0].decode()
+                    metrics = result.as_numpy("metrics").reshape(-1)[0].decode()
+                    yield _chunk(text, metrics)
+                if final is not None and final.bool_param:
+                    break
+        finally:
+            await client.close()
+
+    async def _http(self, inputs: dict[str, np.ndarray], stream: bool) -> AsyncIterator[StepChunk]:
+        import httpx
+
+        body = {}
+        for name, arr in inputs.items():
+            vals = [v.decode() if isinstance(v, bytes) else v.item() for v in arr.reshape(-1)]
+            body[name] = vals if name == "stop" else vals[0]
+        endpoint = "generate_stream" if stream else "generate"
+        url = f"http://{self.url}/v2/models/{MODEL}/{endpoint}"
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            if not stream:
+                r = await client.post(url, json=body)
+                data = r.json()
+                if r.status_code != 200 or "error" in data:
+                    raise ServerError(data.get("error", r.text))
+                yield _chunk(data.get("text_output", ""), data.get("metrics", ""))
+                return
+            async with client.stream("POST", url, json=body) as r:
+                if r.status_code != 200:
+                    raise ServerError((await r.aread()).decode(errors="replace"))
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = json.loads(line[5:])
+                    if "error" in data:
+                        raise ServerError(data["error"])
+                    yield _chunk(data.get("text_output", ""), data.get("metrics", ""))
+
+    async def server_profile(self) -> dict:
+        """The serving profile's name and parameters, read from the model's configuration on the server."""
+        import httpx
+
+        if self.protocol == "grpc":
+            import tritonclient.grpc.aio as grpcclient
+
+            client = grpcclient.InferenceServerClient(self.url)
+            try:
+                cfg = (await client.get_model_config(MODEL, as_json=True))["config"]
+            finally:
+                await client.close()
+        else:
+            async with httpx.AsyncClient(timeout=30) as client:
+                cfg = (await client.get(f"http://{self.url}/v2/models/{MODEL}/config")).json()
+        params = {k: v.get("string_value") for k, v in (cfg.get("parameters") or {}).items()}
+        return {"profile": params.get("profile") or None, "parameters": params}
+
+
+def run(coro):
+    """Run a client coroutine from synchronous code."""
+    return asyncio.run(coro)

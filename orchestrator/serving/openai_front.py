@@ -1,0 +1,213 @@
+"""OpenAI-compatible HTTP front (FastAPI) that forwards to the Triton server over gRPC.
+
+Endpoints as vLLM / trtllm-serve users expect: ``GET /v1/models``, ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (``stream: true`` gives server-sent events ending with ``data: [DONE]``, one
+chunk per decided reasoning step). Request fields follow the OpenAI API (``prompt`` / ``messages``,
+``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``) plus the extensions ``top_k``,
+``mode``, ``gamma`` and ``judge``. Bad input answers HTTP 400 with ``{"error": {"message", "type", "param"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .client import ServerError, TritonLRClient
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, description="new-token budget")
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    mode: str | None = None
+    gamma: int | None = None
+    judge: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        return {"max_tokens": self.max_completion_tokens or self.max_tokens, "temperature": self.temperature,
+                "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "stop": stop or None,
+                "mode": self.mode, "gamma": self.gamma, "judge": self.judge}
+
+
+class CompletionRequest(_Common):
+    prompt: str
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage]
+
+
+def _finish(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def create_app(grpc_url: str, model_name: str | None = None):
+    """The FastAPI application forwarding to Triton at ``grpc_url`` (``HOST:PORT``)."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    from ..errors import describe
+
+    app = FastAPI(title="Lookahead Reasoning (OpenAI-compatible)")
+    client = TritonLRClient(grpc_url, "grpc")
+    state: dict[str, str] = {}
+
+    async def served_model() -> str:
+        if model_name:
+            return model_name
+        if "name" not in state:
+            state["name"] = (await client.server_profile()).get("profile") or "lookahead-reasoning"
+        return state["name"]
+
+    def error(status: int, message: str, param: str | None = None) -> JSONResponse:
+        return JSONResponse(status_code=status, content={
+            "error": {"message": message, "type": "invalid_request_error" if status == 400 else "server_error",
+                      "param": param, "code": None}})
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body" and not str(x).isdigit()]
+        param = ".".join(loc) or None
+        return error(400, f"{param}: {first.get('msg', 'invalid request')}" if param else str(exc), param)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": await served_model(), "object": "model", "created": 0,
+                                            "owned_by": "lookahead-reasoning"}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    async def run(kind: str, body: _Common, prompt=None, messages=None):
+        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+        name = await served_model()
+        params = body.params()
+        if not body.stream:
+            try:
+                ans = await client.generate(prompt, messages, **params)
+            except ServerError as exc:
+                field, msg = describe(ValueError(str(exc)))
+                return error(400, str(exc), field or None)
+            except ValueError as exc:
+                field, msg = describe(exc)
+                return error(400, str(exc), field or None)
+            m = ans.metrics
+            usage = {"prompt_tokens": m.get("prompt_tokens", 0), "completion_tokens": m.get("generated_tokens", 0),
+                     "total_tokens": m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)}
+            finish = _finish(m.get("finish_reason"))
+            if kind == "chat":
+                choice = {"index": 0, "message": {"role": "assistant", "content": ans.text}, "finish_reason": finish}
+                obj = "chat.completion"
+            else:
+                choice = {"index": 0, "text": ans.text, "finish_reason": finish, "logprobs": None}
+                obj = "text_completion"
+            return {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
+                    "usage": usage, "lookahead_metrics": m}
+
+        agen = client.stream(prompt, messages, **params)
+        try:  # surface bad-request errors as HTTP 400 before the event stream starts
+            first = await agen.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except (ServerError, ValueError) as exc:
+            field, _ = describe(ValueError(str(exc)))
+            return error(400, str(exc), field or None)
+
+        def chunk(text: str | None, finish: str | None, first_chunk: bool = False) -> str:
+            if kind == "chat":
+                delta: dict[str, Any] = {}
+                if first_chunk:
+                    delta["role"] = "assistant"
+                if text is not None:
+                    delta["content"] = text
+                payload = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            else:
+                payload = {"id": rid, "object": "text_completion", "created": created, "model": name,
+                           "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]}
+            return f"data: {json.dumps(payload)}\n\n"
+
+        async def events():
+            first_chunk = True
+            try:
+                pending = [first] if first is not None else []
+                while True:
+                    if pending:
+                        c = pending.pop()
+                    else:
+                        try:
+                            c = await agen.__anext__()
+                        except StopAsyncIteration:
+                            break
+                    if c.metrics is not None:
+                        yield chunk(None if kind == "chat" else "", _finish(c.metrics.get("finish_reason")))
+                        break
+                    yield chunk(c.text, None, first_chunk)
+                    first_chunk = False
+            except (ServerError, ValueError) as exc:
+                yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
+            finally:
+                await agen.aclose()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        return await run("completion", body, prompt=body.prompt)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest):
+        return await run("chat", body, messages=[m.model_dump() for m in body.messages])
+
+    return app
+
+
+class RunningFront:
+    """A uvicorn server running :func:`create_app` in a background thread."""
+
+    def __init__(self, server, thread: threading.Thread) -> None:
+        self.server, self.thread = server, thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def start_front(grpc_url: str, host: str = "127.0.0.1", port: int = 9000, model_name: str | None = None) -> RunningFront:
+    """Start the front on ``host:port`` (loopback by default) and return once it accepts connections."""
+    import uvicorn
+
+    config = uvicorn.Config(create_app(grpc_url, model_name), host=host, port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="openai-front", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        if not thread.is_alive():
+            raise RuntimeError(f"OpenAI-compatible front failed to start on {host}:{port}")
+        time.sleep(0.05)
+    return RunningFront(server, thread)

@@ -1,0 +1,190 @@
+"""Start a real Triton Inference Server for a profile (``lookahead-reasoning serve``).
+
+The server binary comes from the ``nvidia-pytriton`` wheel (Triton 2.51 with the Python backend; recipe in
+the README, "Triton on CPU"): the Python backend stub for the running Python is copied next to the backend
+library if missing, the virtual environment's ``bin`` goes first on ``PATH`` so models import this package,
+and every port binds to ``host`` (127.0.0.1 unless told otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .model_repository import render_repository
+
+
+def triton_install() -> tuple[Path, Path]:
+    """``(tritonserver binary, backends directory)`` from the installed ``nvidia-pytriton`` wheel.
+
+    Raises:
+        ImportError: ``nvidia-pytriton`` is not installed (``pip install '.[serve]'``).
+        FileNotFoundError: the wheel lacks the server or the stub for this Python.
+    """
+    try:
+        import pytriton
+    except ImportError as exc:
+        raise ImportError("serve needs nvidia-pytriton: pip install '.[serve]'") from exc
+    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    binary, backends = root / "bin" / "tritonserver", root / "backends"
+    if not binary.exists():
+        raise FileNotFoundError(f"tritonserver not found at {binary}")
+    stub = backends / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        src = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not src.exists():
+            raise FileNotFoundError(f"no Triton Python backend stub for Python {version} in {root}")
+        shutil.copy2(src, stub)
+    return binary, backends
+
+
+@dataclass
+class ServerConfig:
+    """Ports, bind address and model repository of one server."""
+
+    model_repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    model_control_mode: str = "none"  # or "explicit" (then every model is loaded at start)
+    log_verbose: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+
+class TritonServer:
+    """A running ``tritonserver`` process (context manager: starts, waits until ready, stops).
+
+    Raises:
+        RuntimeError: the server exited or did not become ready within ``ready_timeout_s``.
+    """
+
+    def __init__(self, config: ServerConfig, ready_timeout_s: float = 240.0, log_path: str | Path | None = None):
+        self.config = config
+        self.ready_timeout_s = ready_timeout_s
+        self.log_path = Path(log_path) if log_path else None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.config.host}:{self.config.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.config.host}:{self.config.grpc_port}"
+
+    def command(self) -> list[str]:
+        binary, backends = triton_install()
+        c = self.config
+        cmd = [
+            str(binary), "--model-repository", str(c.model_repository), "--backend-directory", str(backends),
+            "--http-address", c.host, "--http-port", str(c.http_port),
+            "--grpc-address", c.host, "--grpc-port", str(c.grpc_port),
+            "--metrics-address", c.host, "--metrics-port", str(c.metrics_port),
+            "--allow-metrics", "true", "--log-verbose", str(c.log_verbose),
+            "--model-control-mode", c.model_control_mode,
+        ]
+        if c.model_control_mode == "explicit":
+            cmd += ["--load-model", "*"]
+        return cmd + list(c.extra_args)
+
+    def start(self) -> "TritonServer":
+        env = dict(os.environ)
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with status {self.proc.returncode}"
+                                   + (f" (log: {self.log_path})" if self.log_path else ""))
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"tritonserver not ready after {self.ready_timeout_s:.0f} s"
+                           + (f" (log: {self.log_path})" if self.log_path else ""))
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def prepare_repository(profile_name: str | None, profile_config: str | None, model_repository: str | None,
+                       limits: dict[str, str] | None = None, threads: dict[str, int] | None = None) -> Path:
+    """Render the repository for a profile (into ``model_repository`` or a fresh temporary folder).
+
+    Threads: one torch thread per role model process by default, so draft, target and judge together do not
+    oversubscribe a 2-core machine.
+    """
+    from ..profiles import load_profile
+
+    profile = load_profile(profile_name, profile_config)
+    roles = tuple(r for r in ("draft", "target", "judge") if getattr(profile, r) is not None)
+    out = Path(model_repository) if model_repository else Path(tempfile.mkdtemp(prefix="lr-triton-"))
+    threads = threads or {r: getattr(profile, r).num_threads or 1 for r in roles}
+    cfg = str(Path(profile_config).resolve()) if profile_config else None
+    return render_repository(out, profile.name, cfg, roles, threads, limits)
+
+
+def serve_forever(server: TritonServer, openai_port: int | None = None) -> int:
+    """Run until SIGINT/SIGTERM, then shut the server (and the OpenAI-compatible front) down cleanly."""
+    stop = {"flag": False}
+
+    def handler(signum, frame):
+        stop["flag"] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    front = None
+    try:
+        server.start()
+        print(f"Triton ready: http {server.http_url}  grpc {server.grpc_url}  "
+              f"metrics {server.config.host}:{server.config.metrics_port}", flush=True)
+        if openai_port:
+            from .openai_front import start_front
+
+            front = start_front(server.grpc_url, server.config.host, openai_port)
+            print(f"OpenAI-compatible front: http://{server.config.host}:{openai_port}/v1", flush=True)
+        while not stop["flag"] and server.proc.poll() is None:
+            time.sleep(0.2)
+        return 0 if stop["flag"] else 1
+    finally:
+        if front is not None:
+            front.stop()
+        server.stop()

@@ -1,0 +1,235 @@
+"""Library side of the ``lookahead_reasoning`` Triton model: the streaming BLS orchestrator.
+
+A decoupled Python-backend model with ``async def execute``: for each request it runs the Lookahead
+Reasoning loop (:class:`~lookahead_reasoning.lookahead.LookaheadReasoner`) over the ``draft``, ``target`` and
+``judge`` role models called through BLS (:class:`~lookahead_reasoning.backends.triton_bls.TritonBLSEngine`),
+sends one response per decided step when ``stream`` is true (``text_output`` = the step, ``metrics`` = JSON
+``{"step_tokens", "source", "depth"}``), and ends with a response holding an empty ``text_output`` and the
+request's metrics as JSON (with ``stream`` false: one response with the whole text and the metrics). Requests run side by side.
+
+Limits (model parameters): ``max_tokens_limit`` (largest ``max_tokens`` accepted), ``max_prompt_bytes``,
+``max_concurrency`` (requests in flight in this instance; more are refused), ``call_timeout_s`` (per BLS
+call). Custom metrics (``pb_utils.MetricFamily``, Triton's metrics port): ``lr_requests_total``,
+``lr_steps_total{source}``, ``lr_cycles_total``, ``lr_verified_steps_total``, ``lr_accepted_steps_total``,
+``lr_judge_fallbacks_total``, ``lr_draft_failures_total``, ``lr_acceptance_rate`` (cumulative, per mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+
+from .triton_role import load_model_profile, model_parameters
+
+
+def _scalar(arr: np.ndarray | None, name: str):
+    if arr is None:
+        return None
+    flat = arr.reshape(-1)
+    if flat.shape[0] != 1:
+        raise ValueError(f"{name}: expected one value, got shape {list(arr.shape)}")
+    return flat[0]
+
+
+def _text(value, name: str) -> str:
+    if isinstance(value, (bytes, bytearray, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{name}: not valid UTF-8") from None
+    return str(value)
+
+
+def parse_lr_request(get, defaults, max_tokens_limit: int, max_prompt_bytes: int, gamma_cap: int):
+    """Turn the model's input tensors into ``(prompt, messages, options, stream)``.
+
+    Args:
+        get: ``name -> numpy array or None``.
+        defaults: the profile's :class:`~lookahead_reasoning.lookahead.LROptions`.
+    Raises:
+        ValueError: naming the offending input.
+    """
+    from ..lookahead import validate_input, with_overrides
+
+    prompt = messages = None
+    raw = _scalar(get("text_input"), "text_input")
+    if raw is not None:
+        prompt = _text(raw, "text_input")
+    raw_messages = _scalar(get("messages"), "messages")
+    if raw_messages is not None:
+        text = _text(raw_messages, "messages")
+        try:
+            messages = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"messages: not valid JSON ({exc.msg})") from None
+    if prompt is None and messages is None:
+        raise ValueError("text_input: missing (send text_input or messages)")
+    size = len(prompt.encode()) if prompt is not None else len(json.dumps(messages))
+    if size > max_prompt_bytes:
+        raise ValueError(f"text_input: {size} bytes exceeds the server limit of {max_prompt_bytes}")
+    validate_input(prompt, messages)
+
+    def num(name, kind):
+        v = _scalar(get(name), name)
+        if v is None:
+            return None
+        if kind is int:
+            if isinstance(v, (float, np.floating)) and not float(v).is_integer():
+                raise ValueError(f"{name}: must be an integer, got {v}")
+            return int(v)
+        if kind is bool:
+            return bool(v)
+        return float(v)
+
+    sampling = defaults.sampling.model_dump()
+    for name, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("seed", int)):
+        v = num(name, kind)
+        if v is not None:
+            sampling[name] = v
+    if sampling.get("seed") is not None and sampling["seed"] < 0:
+        sampling["seed"] = None  # -1 means "no seed", as the role models' convention
+    max_tokens = num("max_tokens", int)
+    if max_tokens is not None and max_tokens > max_tokens_limit:
+        raise ValueError(f"max_tokens: {max_tokens} exceeds the server limit of {max_tokens_limit}")
+    gamma = num("gamma", int)
+    if gamma is not None and gamma > gamma_cap:
+        raise ValueError(f"gamma: {gamma} exceeds the server cap of {gamma_cap}")
+    judge = defaults.judge.model_dump()
+    raw_judge = _scalar(get("judge"), "judge")
+    if raw_judge is not None:
+        judge["name"] = _text(raw_judge, "judge")
+    stop_arr = get("stop")
+    stop = tuple(_text(s, "stop") for s in stop_arr.reshape(-1)) if stop_arr is not None else None
+    raw_mode = _scalar(get("mode"), "mode")
+    opts = with_overrides(
+        defaults,
+        mode=None if raw_mode is None else _text(raw_mode, "mode"),
+        gamma=gamma, max_tokens=max_tokens, sampling=sampling, judge=judge, stop=stop,
+        width=num("width", int), async_mode=num("async", bool), adaptive_gamma=num("adaptive_gamma", bool),
+    )
+    stream = bool(num("stream", bool))
+    return prompt, messages, opts, stream
+
+
+class LookaheadReasoningModel:
+    """``TritonPythonModel`` of the ``lookahead_reasoning`` model (import it as that name in ``model.py``)."""
+
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        from ..backends.triton_bls import TritonBLSEngine
+        from ..lookahead import LookaheadReasoner
+
+        self.pb = pb_utils
+        params = model_parameters(args)
+        self.profile = load_model_profile(params)
+        timeout = float(params.get("call_timeout_s") or 0) or None
+        p = self.profile
+        target = TritonBLSEngine("target", str(p.target.resolved_path()), timeout)
+        draft = TritonBLSEngine("draft", str(p.draft.resolved_path()), timeout) if p.draft else None
+        judge = TritonBLSEngine("judge", str(p.judge.resolved_path()), timeout) if p.judge else None
+        self.reasoner = LookaheadReasoner(target, draft, judge, defaults=p.options)
+        self.max_tokens_limit = int(params.get("max_tokens_limit") or 4096)
+        self.max_prompt_bytes = int(params.get("max_prompt_bytes") or 65536)
+        self.max_concurrency = int(params.get("max_concurrency") or 256)
+        self.active = 0
+        self._metrics()
+
+    def _metrics(self) -> None:
+        pb = self.pb
+        counter, gauge = pb.MetricFamily.COUNTER, pb.MetricFamily.GAUGE
+        fam = {
+            "requests": pb.MetricFamily("lr_requests_total", "Lookahead Reasoning requests completed", counter),
+            "steps": pb.MetricFamily("lr_steps_total", "output steps by the model that wrote them", counter),
+            "cycles": pb.MetricFamily("lr_cycles_total", "speculation cycles", counter),
+            "verified": pb.MetricFamily("lr_verified_steps_total", "drafted steps the judge saw", counter),
+            "accepted": pb.MetricFamily("lr_accepted_steps_total", "drafted steps accepted", counter),
+            "fallbacks": pb.MetricFamily("lr_judge_fallbacks_total", "judge failures or timeouts", counter),
+            "draft_failures": pb.MetricFamily("lr_draft_failures_total", "draft failures (target-only)", counter),
+            "acceptance": pb.MetricFamily("lr_acceptance_rate", "cumulative step acceptance rate", gauge),
+        }
+        self._fam = fam
+        self._metric_cache: dict[tuple, object] = {}
+        self._totals: dict[str, list[int]] = {}
+
+    def _metric(self, key: str, **labels):
+        k = (key, tuple(sorted(labels.items())))
+        if k not in self._metric_cache:
+            self._metric_cache[k] = self._fam[key].Metric(labels=labels)
+        return self._metric_cache[k]
+
+    def _record(self, mode: str, m) -> None:
+        self._metric("requests", mode=mode).increment(1)
+        self._metric("steps", mode=mode, source="draft").increment(m.steps - m.target_steps)
+        self._metric("steps", mode=mode, source="target").increment(m.target_steps)
+        self._metric("cycles", mode=mode).increment(m.cycles)
+        self._metric("verified", mode=mode).increment(m.verified_steps)
+        self._metric("accepted", mode=mode).increment(m.accepted_steps)
+        self._metric("fallbacks", mode=mode).increment(m.fallbacks)
+        self._metric("draft_failures", mode=mode).increment(m.draft_failures)
+        tot = self._totals.setdefault(mode, [0, 0])
+        tot[0] += m.accepted_steps
+        tot[1] += m.verified_steps
+        if tot[1]:
+            self._metric("acceptance", mode=mode).set(tot[0] / tot[1])
+
+    async def execute(self, requests):
+        await asyncio.gather(*(self._one(r) for r in requests))
+        return None
+
+    def _response(self, text: str, metrics: str):
+        pb = self.pb
+        return pb.InferenceResponse(output_tensors=[
+            pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+            pb.Tensor("metrics", np.array([metrics.encode("utf-8")], dtype=np.object_)),
+        ])
+
+    async def _one(self, request) -> None:
+        from ..lookahead import LRResult
+
+        pb = self.pb
+        sender = request.get_response_sender()
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if self.active >= self.max_concurrency:
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(
+                f"server busy: {self.active} requests in flight (max_concurrency {self.max_concurrency})")),
+                flags=final)
+            return
+        self.active += 1
+        try:
+            def get(name):
+                t = pb.get_input_tensor_by_name(request, name)
+                return None if t is None else t.as_numpy()
+
+            prompt, messages, opts, stream = parse_lr_request(
+                get, self.profile.options, self.max_tokens_limit, self.max_prompt_bytes, self.profile.max_gamma_cap)
+            gen = self.reasoner.stream(prompt, messages, opts)
+            result = None
+            try:
+                async for event in gen:
+                    if request.is_cancelled():
+                        sender.send(flags=final)
+                        return
+                    if isinstance(event, LRResult):
+                        result = event
+                    elif stream:
+                        info = {"step_tokens": event.token_count, "source": event.source, "depth": event.depth}
+                        sender.send(self._response(event.text, json.dumps(info)))
+            finally:
+                await gen.aclose()
+            metrics = result.metrics.to_dict()
+            metrics["finish_reason"] = result.finish_reason
+            self._record(opts.mode, result.metrics)
+            sender.send(self._response("" if stream else result.text, json.dumps(metrics)), flags=final)
+        except Exception as exc:  # noqa: BLE001 - a bad request gets an error response; the server stays up
+            from ..errors import one_line
+
+            msg = one_line(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg)), flags=final)
+        finally:
+            self.active -= 1
+
+    def finalize(self) -> None:
+        pass

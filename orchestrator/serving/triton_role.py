@@ -1,0 +1,84 @@
+"""Library side of the Triton role models (``draft``, ``target``, ``judge``).
+
+Each role model is a decoupled Python-backend model with ``async def execute``, hosting ONE engine built from
+the profile's :class:`~lookahead_reasoning.profiles.ModelSpec` for its role (portable PyTorch/transformers or
+TensorRT-LLM). Concurrent requests are awaited side by side, so the engine's scheduler batches them in flight.
+A cancelled request cancels its engine work. Tensors: :mod:`lookahead_reasoning.serving.protocol`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from .protocol import arrays_to_requests, results_to_arrays
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The ``parameters`` of a model's config.pbtxt as a plain dict of strings."""
+    cfg = json.loads(args["model_config"])
+    return {k: v.get("string_value", "") for k, v in (cfg.get("parameters") or {}).items()}
+
+
+def load_model_profile(params: dict[str, str]):
+    from ..profiles import load_profile
+
+    return load_profile(params.get("profile") or None, params.get("profile_config") or None)
+
+
+class RoleModel:
+    """``TritonPythonModel`` for a role model (import it as that name in ``model.py``)."""
+
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        from ..backends import make_engine
+
+        self.pb = pb_utils
+        params = model_parameters(args)
+        self.role = params.get("role") or args["model_name"]
+        profile = load_model_profile(params)
+        spec = getattr(profile, self.role, None)
+        if spec is None:
+            raise ValueError(f"role: profile {profile.name!r} has no {self.role!r} model")
+        threads = params.get("num_threads")
+        if threads:
+            spec = spec.model_copy(update={"num_threads": int(threads)})
+        self.engine = make_engine(spec)
+
+    async def execute(self, requests):
+        await asyncio.gather(*(self._one(r) for r in requests))
+        return None
+
+    async def _one(self, request) -> None:
+        pb = self.pb
+        sender = request.get_response_sender()
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            def get(name):
+                t = pb.get_input_tensor_by_name(request, name)
+                return None if t is None else t.as_numpy()
+
+            reqs = arrays_to_requests(get, self.engine.encode)
+            task = asyncio.ensure_future(self.engine.agenerate(reqs))
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.05)
+                if not task.done() and request.is_cancelled():
+                    task.cancel()
+                    try:
+                        await task
+                    except asyncio.CancelledError:
+                        pass
+                    sender.send(flags=final)
+                    return
+            results = task.result()
+            tensors = [pb.Tensor(name, arr) for name, arr in results_to_arrays(results).items()]
+            sender.send(pb.InferenceResponse(output_tensors=tensors), flags=final)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an error response; the model stays up
+            from ..errors import one_line
+
+            msg = one_line(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg)), flags=final)
+
+    def finalize(self) -> None:
+        self.engine.close()
