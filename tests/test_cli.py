@@ -1,0 +1,66 @@
+"""The ``lookahead-reasoning`` command: JSON output shape, and bad arguments -> one-line error, exit != 0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory, tiny_model_dir, tiny_draft_dir):
+    path = tmp_path_factory.mktemp("profile") / "tiny.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tiny",
+        "target": {"path": str(tiny_model_dir)},
+        "draft": {"path": str(tiny_draft_dir)},
+        "options": {"judge": {"name": "numeric"}, "max_tokens": 24, "step": {"max_step_tokens": 8}},
+    }))
+    return str(path)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "lookahead_reasoning.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_generate_json(tiny_profile):
+    out = _cli("generate", "--config", tiny_profile, "--prompt", "Step 1: 4 + 4", "--json", "--gamma", "2")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) == {"text", "mode", "metrics"} and doc["mode"] == "lr+sd"
+    m = doc["metrics"]
+    for key, typ in (("generated_tokens", int), ("seconds", float), ("tokens_per_s", float), ("cycles", int)):
+        assert isinstance(m[key], typ)
+    assert m["generated_tokens"] == 24
+    assert m["acceptance_rate"] is None or 0 <= m["acceptance_rate"] <= 1
+    assert m["cost_model"]["c"] > 0 and m["speedup_estimate"] > 0
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--gamma", "-1"], "--gamma"),
+    (["--gamma", "100"], "--gamma"),
+    (["--mode", "turbo"], "--mode"),
+    (["--judge", "oracle"], "--judge"),
+    (["--delimiter", ""], "--delimiter"),
+    (["--temperature", "-0.5"], "--temperature"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--width", "0"], "--width"),
+])
+def test_bad_arguments(tiny_profile, args, flag):
+    out = _cli("generate", "--config", tiny_profile, "--prompt", "hi", *args)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], out.stderr
+
+
+def test_empty_prompt_and_unknown_profile(tiny_profile):
+    out = _cli("generate", "--config", tiny_profile, "--prompt", "   ")
+    assert out.returncode != 0 and "--prompt" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = _cli("generate", "--profile", "nope", "--prompt", "hi")
+    assert out.returncode != 0 and "--profile" in out.stderr
+    out = _cli("eval", "--config", tiny_profile, "--modes", "ar,warp")
+    assert out.returncode != 0 and "--modes" in out.stderr

@@ -1,0 +1,114 @@
+"""The Lookahead Reasoning loop on real (tiny, random) models: the lossless property and loop mechanics.
+
+With the ``exact`` verifier and greedy sampling, ``lr`` and ``lr+sd`` (sync and async) must reproduce the
+target's own autoregressive output token for token (DESIGN.md section 1).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from lookahead_reasoning.backends.portable import PortableEngine
+from lookahead_reasoning.lookahead import LookaheadReasoner, LROptions
+from lookahead_reasoning.steps import StepConfig
+from lookahead_reasoning.verifiers import VerifierConfig
+
+PROMPTS = ["Step 1: 4 + 4", "The total is", "Step 2: 12 x 3 = 36.\n\nStep 3:"]
+
+
+@pytest.fixture(scope="module")
+def trio(tiny_model_dir, tiny_draft_dir):
+    target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, block_size=4)
+    same = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, block_size=4)
+    other = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1, block_size=4)
+    yield target, same, other
+    for e in (target, same, other):
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def delimiter(trio):
+    """The target's most frequent output piece, so steps end by the delimiter often."""
+    target = trio[0]
+    r = LookaheadReasoner(target, None, use_chat_template=False)
+    counts: Counter = Counter()
+    for p in PROMPTS:
+        res = r.run(p, options=LROptions(mode="ar", max_tokens=60, step=StepConfig(max_step_tokens=60)))
+        counts.update(t for t in (target.decode([i]) for i in res.token_ids) if t.strip())
+    return counts.most_common(1)[0][0]
+
+
+def _opts(delim, **kw):
+    base = dict(step=StepConfig(delimiter=delim, max_step_tokens=8), max_tokens=48,
+                judge=VerifierConfig(name="exact"), gamma=3)
+    base.update(kw)
+    return LROptions(**base)
+
+
+@pytest.mark.parametrize("draft_kind", ["same", "other"])
+@pytest.mark.parametrize("mode", ["lr", "lr+sd"])
+@pytest.mark.parametrize("async_mode", [False, True], ids=["sync", "async"])
+def test_lossless_with_exact_verifier(trio, delimiter, draft_kind, mode, async_mode):
+    target, same, other = trio
+    draft = same if draft_kind == "same" else other
+    r = LookaheadReasoner(target, draft, use_chat_template=False)
+    accepted = 0
+    for p in PROMPTS:
+        ar = r.run(p, options=_opts(delimiter, mode="ar"))
+        lr = r.run(p, options=_opts(delimiter, mode=mode, async_mode=async_mode))
+        assert lr.token_ids == ar.token_ids
+        assert lr.text == ar.text
+        accepted += lr.metrics.accepted_steps
+        assert lr.metrics.generated_tokens == len(lr.token_ids)
+    if draft_kind == "same":
+        assert accepted > 0  # identical draft: some drafted steps must be accepted
+
+
+def test_width_and_adaptive_gamma_stay_lossless(trio, delimiter):
+    target, same, other = trio
+    r = LookaheadReasoner(target, other, use_chat_template=False)
+    for p in PROMPTS:
+        ar = r.run(p, options=_opts(delimiter, mode="ar"))
+        wide = r.run(p, options=_opts(delimiter, mode="lr", width=2))
+        adaptive = r.run(p, options=_opts(delimiter, mode="lr", adaptive_gamma=True))
+        assert wide.token_ids == ar.token_ids
+        assert adaptive.token_ids == ar.token_ids
+
+
+def test_budget_and_user_stop(trio, delimiter):
+    target, same, _ = trio
+    r = LookaheadReasoner(target, same, use_chat_template=False)
+    res = r.run(PROMPTS[0], options=_opts(delimiter, mode="lr", max_tokens=5))
+    assert res.metrics.generated_tokens <= 5 and res.finish_reason == "length"
+    free = r.run(PROMPTS[0], options=_opts(delimiter, mode="ar"))
+    stop = free.text[3:5]
+    res = r.run(PROMPTS[0], options=_opts(delimiter, mode="lr", stop=(stop,)))
+    assert res.finish_reason == "stop" and res.text.endswith(stop) and stop not in res.text[:-len(stop)]
+    assert free.text.startswith(res.text)
+
+
+def test_metrics_are_consistent(trio, delimiter):
+    target, same, _ = trio
+    r = LookaheadReasoner(target, same, use_chat_template=False)
+    m = r.run(PROMPTS[2], options=_opts(delimiter, mode="lr+sd")).metrics
+    assert m.steps == len([1 for _ in range(m.steps)]) and m.cycles >= 1
+    assert m.accepted_steps == sum(m.accepted_by_depth) <= m.verified_steps == sum(m.verified_by_depth)
+    assert m.draft_tokens + m.target_tokens == m.generated_tokens
+    assert m.target_accepted_tokens <= m.target_drafted_tokens
+    assert m.acceptance_rate is None or 0.0 <= m.acceptance_rate <= 1.0
+
+
+def test_bad_inputs(trio):
+    target, same, _ = trio
+    r = LookaheadReasoner(target, same, use_chat_template=False)
+    with pytest.raises(ValueError, match="prompt"):
+        r.run("   ")
+    with pytest.raises(ValueError, match="messages"):
+        r.run(messages=[{"role": "robot", "content": "x"}])
+    with pytest.raises(ValueError, match="prompt"):
+        r.run("x" * 5000)
+    with pytest.raises(ValueError, match="mode"):
+        LookaheadReasoner(target, None).run("hi", options=LROptions(mode="lr"))
+    assert r.run("Step", options=LROptions(mode="ar", max_tokens=4)).metrics.generated_tokens == 4
