@@ -66,3 +66,45 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_draft_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_draft"), seed=1, layers=1, hidden=32)
+
+
+GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k_test_head20.jsonl"  # first 20 GSM8K test items (MIT)
+
+
+@pytest.fixture(scope="session")
+def gsm8k_path() -> Path:
+    return GSM8K_SAMPLE
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def triton_server(tmp_path_factory):
+    """A real Triton server with the demo trio (127.0.0.1, free ports), shared by the session's tests."""
+    from lookahead_reasoning.serving.server import ServerConfig, TritonServer, prepare_repository
+
+    repo = prepare_repository("demo", None, str(tmp_path_factory.mktemp("repo")),
+                              limits={"max_tokens_limit": "1024", "max_prompt_bytes": "20000",
+                                      "max_concurrency": "128", "call_timeout_s": "0"})
+    log = tmp_path_factory.mktemp("logs") / "triton.log"
+    server = TritonServer(ServerConfig(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()),
+                          log_path=log)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_front(triton_server):
+    from lookahead_reasoning.serving.openai_front import start_front
+
+    port = free_port()
+    front = start_front(triton_server.grpc_url, "127.0.0.1", port)
+    yield f"127.0.0.1:{port}"
+    front.stop()

@@ -83,6 +83,10 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"{self.config.host}:{self.config.grpc_port}"
 
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.config.host}:{self.config.metrics_port}"
+
     def command(self) -> list[str]:
         binary, backends = triton_install()
         c = self.config

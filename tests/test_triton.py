@@ -1,0 +1,155 @@
+"""End to end through a real Triton server with the demo trio: gRPC streaming, HTTP generate, the OpenAI
+front, equality with in-process output, and concurrent streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+
+from lookahead_reasoning.answers import load_items
+from lookahead_reasoning.lookahead import with_overrides
+from lookahead_reasoning.serving.client import ServerError, TritonLRClient
+
+pytestmark = pytest.mark.server
+
+MAX_TOKENS = 120
+
+
+@pytest.fixture(scope="module")
+def items(gsm8k_path):
+    return load_items("synthetic", 5) + load_items(str(gsm8k_path), 5)
+
+
+@pytest.fixture(scope="module")
+def in_process():
+    """The same demo trio in-process (the reference for equality)."""
+    from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
+
+    r = build_reasoner(load_profile("demo"))
+    yield r
+    close_reasoner(r)
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_grpc_streaming_pieces_make_the_answer(triton_server, items):
+    client = TritonLRClient(triton_server.grpc_url, "grpc")
+
+    async def go():
+        out = []
+        for item in items:
+            chunks = [c async for c in client.stream(item.prompt, max_tokens=MAX_TOKENS)]
+            whole = await client.generate(item.prompt, max_tokens=MAX_TOKENS)
+            out.append((chunks, whole))
+        return out
+
+    for chunks, whole in _run(go()):
+        final = chunks[-1]
+        assert final.metrics is not None and final.text == ""
+        steps = chunks[:-1]
+        assert steps and all(c.metrics is None and c.source in ("draft", "target") for c in steps)
+        assert "".join(c.text for c in steps) == whole.text
+        assert sum(c.token_count for c in steps) == final.metrics["generated_tokens"] == whole.metrics["generated_tokens"]
+        assert final.metrics["mode"] == "lr+sd" and final.metrics["cycles"] >= 1
+
+
+def test_http_generate_and_generate_stream(triton_server, items):
+    grpc = TritonLRClient(triton_server.grpc_url, "grpc")
+    http = TritonLRClient(triton_server.http_url, "http")
+
+    async def go():
+        out = []
+        for item in items[:3] + items[5:7]:
+            ref = await grpc.generate(item.prompt, max_tokens=MAX_TOKENS)
+            plain = await http.generate(item.prompt, max_tokens=MAX_TOKENS)
+            streamed = await http.generate(item.prompt, max_tokens=MAX_TOKENS, stream=True)
+            out.append((ref, plain, streamed))
+        return out
+
+    for ref, plain, streamed in _run(go()):
+        assert plain.text == streamed.text == ref.text
+        assert plain.metrics["generated_tokens"] == ref.metrics["generated_tokens"]
+
+
+def test_openai_front(openai_front, items):
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://{openai_front}/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["demo"]
+    item = items[0]
+    done = client.completions.create(model="demo", prompt=item.prompt, max_tokens=MAX_TOKENS)
+    assert done.choices[0].text and done.usage.completion_tokens > 0
+    pieces = [c.choices[0].text for c in
+              client.completions.create(model="demo", prompt=item.prompt, max_tokens=MAX_TOKENS, stream=True)]
+    assert "".join(pieces) == done.choices[0].text
+    chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": item.prompt}],
+                                          max_tokens=MAX_TOKENS)
+    assert chat.choices[0].message.content == done.choices[0].text  # a prompt is sent as one user message
+    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": items[6].prompt}],
+                                            max_tokens=MAX_TOKENS, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream)
+    assert text
+    with pytest.raises(openai.BadRequestError, match="gamma"):
+        client.completions.create(model="demo", prompt="x", max_tokens=8, extra_body={"gamma": -1})
+
+
+@pytest.mark.parametrize("mode", ["ar", "lr+sd"])
+def test_greedy_output_equals_in_process(triton_server, in_process, items, mode):
+    client = TritonLRClient(triton_server.grpc_url, "grpc")
+    opts = with_overrides(in_process.defaults, mode=mode, max_tokens=MAX_TOKENS)
+    for item in items[:3] + items[5:7]:
+        local = in_process.run(item.prompt, options=opts)
+        remote = _run(client.generate(item.prompt, max_tokens=MAX_TOKENS, mode=mode))
+        assert remote.text == local.text
+        assert remote.metrics["generated_tokens"] == local.metrics.generated_tokens
+
+
+@pytest.mark.slow
+def test_sixteen_concurrent_streams_do_not_mix(triton_server):
+    client = TritonLRClient(triton_server.grpc_url, "grpc")
+    items = load_items("synthetic", 16)
+
+    async def one(item):
+        chunks = [c async for c in client.stream(item.prompt, max_tokens=80)]
+        return chunks
+
+    async def go():
+        sequential = [await client.generate(i.prompt, max_tokens=80) for i in items]
+        concurrent = await asyncio.gather(*(one(i) for i in items))
+        return sequential, concurrent
+
+    sequential, concurrent = _run(go())
+    assert len(concurrent) == 16
+    for seq, chunks in zip(sequential, concurrent):
+        assert chunks[-1].metrics is not None  # completed, exactly one final response
+        assert sum(1 for c in chunks if c.metrics is not None) == 1
+        assert "".join(c.text for c in chunks) == seq.text  # nothing lost, duplicated or mixed
+
+
+def test_bad_request_gets_clear_error_and_server_keeps_serving(triton_server, items):
+    client = TritonLRClient(triton_server.grpc_url, "grpc")
+    with pytest.raises(ServerError, match="max_tokens"):
+        _run(client.generate(items[0].prompt, max_tokens=0))
+    good = _run(client.generate(items[0].prompt, max_tokens=16))
+    assert good.metrics["generated_tokens"] == 16
+
+
+def test_custom_metrics_exported(triton_server, items):
+    _run(TritonLRClient(triton_server.grpc_url, "grpc").generate(items[0].prompt, max_tokens=32))
+    body = urllib.request.urlopen(f"http://{triton_server.metrics_url}/metrics", timeout=10).read().decode()
+    names = {line.split("{")[0] for line in body.splitlines() if line.startswith("lr_")}
+    assert {"lr_requests_total", "lr_steps_total", "lr_cycles_total", "lr_accepted_steps_total",
+            "lr_verified_steps_total", "lr_judge_fallbacks_total", "lr_acceptance_rate"} <= names
+
+
+def test_server_reports_its_profile(triton_server):
+    info = _run(TritonLRClient(triton_server.http_url, "http").server_profile())
+    assert info["profile"] == "demo"
+    cfg = json.loads(urllib.request.urlopen(
+        f"http://{triton_server.http_url}/v2/models/lookahead_reasoning/config", timeout=10).read())
+    assert cfg["model_transaction_policy"]["decoupled"] is True
