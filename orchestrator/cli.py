@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from .bench import register as register_bench
+from .eval_cli import add_eval_arguments, cmd_eval
 from .lookahead import MODES
 from .verifiers import JUDGES
 
@@ -141,57 +143,6 @@ def _stream_to_stdout(reasoner, prompt, messages, opts):
     return asyncio.run(go())
 
 
-def cmd_eval(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-    from tqdm import tqdm
-
-    from .answers import load_items
-    from .calibration import calibrate
-    from .evaluation import report_json, run_eval, write_json
-    from .profiles import close_reasoner
-
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ValueError(f"modes: unknown mode {bad[0] if bad else '(none)'!r} (choose from {', '.join(MODES)})")
-    if args.limit is not None and args.limit <= 0:
-        raise ValueError("--limit: must be > 0")
-    items = load_items(args.dataset, args.limit)
-    reasoner, base = _prepare(args, modes)
-    try:
-        cost = None
-        if any(m in ("lr", "lr+sd") for m in modes):
-            cost = calibrate(reasoner.target, reasoner.draft, ns=(base.gamma + 1,))
-            reasoner.cost_model = cost
-        with tqdm(total=len(items) * len(modes), desc="eval", unit="req", file=sys.stderr) as bar:
-            reports = run_eval(reasoner, items, modes, base, progress=bar.update, keep_outputs=args.keep_outputs)
-    finally:
-        close_reasoner(reasoner)
-    doc = report_json(args.dataset, reports, {"cost_model": cost.to_dict() if cost else None,
-                                              "options": base.model_dump(mode="json")})
-    table = Table(title=f"{args.dataset}: {len(items)} items")
-    for col in ("mode", "accuracy", "tok/s", "speedup vs ar", "acceptance", "estimate"):
-        table.add_column(col)
-    for mode, row in doc["modes"].items():
-        acc = "n/a" if row["accuracy"] is None else f"{row['accuracy']:.3f} ± {row['accuracy_stderr']:.3f}"
-        fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
-        table.add_row(mode, acc, f"{row['tokens_per_s']:.1f}", fmt(row["speedup_vs_ar"]),
-                      fmt(row["acceptance_rate"]), fmt(row["speedup_estimate"]))
-    Console(file=sys.stderr).print(table)
-    if args.out:
-        write_json(args.out, doc)
-    return 0
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (``PROG: error: argument --x: ...``), exit status 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def cmd_serve(args) -> int:
     from .serving.server import ServerConfig, TritonServer, prepare_repository, serve_forever
 
@@ -245,6 +196,14 @@ def cmd_client(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``PROG: error: argument --x: ...``), exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lookahead-reasoning", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -257,14 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(g)
     g.set_defaults(func=cmd_generate)
 
-    e = sub.add_parser("eval", help="accuracy and speed per mode on a dataset")
-    e.add_argument("--dataset", default="synthetic", help="synthetic or a JSONL file")
+    e = sub.add_parser("eval", help="accuracy and speed per mode on datasets", conflict_handler="resolve")
     e.add_argument("--limit", type=int, default=None)
     e.add_argument("--modes", default="ar,sd,lr,lr+sd")
     e.add_argument("--out", default=None, help="write the JSON report here")
     e.add_argument("--keep-outputs", action="store_true", help="include every answer in the report")
     _common(e)
+    add_eval_arguments(e)
     e.set_defaults(func=cmd_eval)
+    register_bench(sub)
 
     s = sub.add_parser("serve", help="start Triton Inference Server with the profile's models")
     s.add_argument("--profile", default=None, help="built-in profile (default: demo)")

@@ -2,8 +2,17 @@
 
 Each mode runs every item sequentially (concurrency 1) on the same engines. Reported per mode: accuracy
 (with its standard error ``sqrt(p (1 - p) / n)``), output tokens/s (total generated tokens / total seconds),
-``speedup_vs_ar`` (that throughput over ``ar``'s), step acceptance rate, and for speculative modes the
-analytic estimate of :mod:`.metrics` computed with the run's own acceptance and a calibrated cost model.
+``speedup_vs_ar`` (that throughput over ``ar``'s), step acceptance rate (accepted / verified drafted steps,
+also per depth), and for speculative modes the analytic estimate of :mod:`.metrics` computed with the run's
+own acceptance and a calibrated cost model.
+
+Prompts: an item's chat form (the paper's math instruction, the HumanEval instruction) is used when the
+target has a chat template (the same test as :meth:`LookaheadReasoner.prompt_ids`), else its plain form.
+MT-Bench items are two-turn chats: turn 2 is asked after the model's own turn-1 answer; speed counts both
+turns. Items whose prompt does not fit the target's context window are skipped and counted.
+
+Gamma sweep (:func:`run_gamma_sweep`): one speculative mode at several lookahead depths; speedup at each is
+that run's output tokens/s over the ``ar`` run's on the same items.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .answers import check_answer, load_items, EvalItem
-from .lookahead import LookaheadReasoner, LROptions
+from .lookahead import LookaheadReasoner, LROptions, with_overrides
 
 
 @dataclass
@@ -32,6 +41,8 @@ class ModeReport:
     verified_by_depth: list[int] = field(default_factory=list)
     estimates: list[float] = field(default_factory=list)
     fallbacks: int = 0
+    skipped: int = 0
+    turns: int = 0
     outputs: list[dict] = field(default_factory=list)
 
     @property
@@ -67,17 +78,51 @@ def _add(acc: list[int], xs: list[int]) -> None:
         acc[i] += x
 
 
-def run_eval(reasoner: LookaheadReasoner, items: Sequence[EvalItem], modes: Sequence[str],
-             base: LROptions, progress: Callable | None = None, keep_outputs: bool = False) -> dict[str, ModeReport]:
-    """Run every item in every mode; returns a :class:`ModeReport` per mode (in ``modes`` order)."""
-    reports: dict[str, ModeReport] = {}
-    for mode in modes:
-        opts = base.model_copy(update={"mode": mode})
-        rep = ModeReport(mode)
-        for item in items:
-            res = reasoner.run(item.prompt, item.messages, opts)
+def uses_chat_template(reasoner: LookaheadReasoner) -> bool:
+    """Whether plain prompts get the target's chat template (the test of ``LookaheadReasoner.prompt_ids``)."""
+    tok = getattr(reasoner.target, "tokenizer", None)
+    return bool(getattr(tok, "chat_template", None)) and reasoner.use_chat_template
+
+
+def _too_long(exc: ValueError) -> bool:
+    return str(exc).startswith("prompt:") and "context window" in str(exc)
+
+
+def _run_item(reasoner: LookaheadReasoner, item: EvalItem, opts: LROptions, chat: bool) -> list:
+    """The :class:`LRResult` of each turn (one unless the item has ``turns``)."""
+    if not item.turns:
+        prompt, messages = item.request(chat)
+        return [reasoner.run(prompt, messages, opts)]
+    results, messages = [], []
+    for k, turn in enumerate(item.turns):
+        messages.append({"role": "user", "content": turn})
+        try:
+            res = reasoner.run(None, list(messages), opts)
+        except ValueError as exc:
+            if k == 0 or not _too_long(exc):
+                raise
+            break  # a later turn no longer fits the context window: keep the turns answered so far
+        results.append(res)
+        messages.append({"role": "assistant", "content": res.text})
+    return results
+
+
+def run_mode(reasoner: LookaheadReasoner, items: Sequence[EvalItem], opts: LROptions,
+             progress: Callable | None = None, keep_outputs: bool = False) -> ModeReport:
+    """Every item in one mode (``opts.mode``); grades the last turn's text."""
+    chat = uses_chat_template(reasoner)
+    rep = ModeReport(opts.mode)
+    for item in items:
+        try:
+            results = _run_item(reasoner, item, opts, chat)
+        except ValueError as exc:
+            if not _too_long(exc):
+                raise
+            rep.skipped += 1
+            results = []
+        for res in results:
             m = res.metrics
-            rep.n += 1
+            rep.turns += 1
             rep.tokens += m.generated_tokens
             rep.seconds += m.seconds
             rep.verified_steps += m.verified_steps
@@ -87,16 +132,48 @@ def run_eval(reasoner: LookaheadReasoner, items: Sequence[EvalItem], modes: Sequ
             _add(rep.verified_by_depth, m.verified_by_depth)
             if m.speedup_estimate is not None:
                 rep.estimates.append(m.speedup_estimate)
-            ok = check_answer(item, res.text)
+        if results:
+            rep.n += 1
+            ok = check_answer(item, results[-1].text)
             if ok is not None:
                 rep.graded += 1
                 rep.correct += int(ok)
             if keep_outputs:
-                rep.outputs.append({"id": item.id, "text": res.text, "correct": ok})
-            if progress:
-                progress()
-        reports[mode] = rep
-    return reports
+                texts = [r.text for r in results]
+                rep.outputs.append({"id": item.id, "text": texts if item.turns else texts[0], "correct": ok})
+        if progress:
+            progress()
+    return rep
+
+
+def run_eval(reasoner: LookaheadReasoner, items: Sequence[EvalItem], modes: Sequence[str],
+             base: LROptions, progress: Callable | None = None, keep_outputs: bool = False) -> dict[str, ModeReport]:
+    """Run every item in every mode; returns a :class:`ModeReport` per mode (in ``modes`` order)."""
+    return {mode: run_mode(reasoner, items, base.model_copy(update={"mode": mode}), progress, keep_outputs)
+            for mode in modes}
+
+
+def run_gamma_sweep(reasoner: LookaheadReasoner, items: Sequence[EvalItem], mode: str, gammas: Sequence[int],
+                    base: LROptions, baseline: ModeReport | None = None, done: dict[int, ModeReport] | None = None,
+                    progress: Callable | None = None) -> list[dict]:
+    """``mode`` at each gamma in ``gammas``; returns one row per gamma: ``{"gamma", "tokens_per_s",
+    "speedup_vs_ar", "acceptance_rate", "acceptance_by_depth", "accuracy", "speedup_estimate"}``.
+
+    ``baseline``: the ``ar`` report on the same items (run here when None). ``done``: reports already
+    measured for this mode, by gamma (reused, not rerun)."""
+    if baseline is None:
+        baseline = run_mode(reasoner, items, base.model_copy(update={"mode": "ar"}), progress)
+    rows = []
+    for g in gammas:
+        rep = (done or {}).get(g)
+        if rep is None:
+            opts = with_overrides(base, mode=mode, gamma=g, max_gamma=max(base.max_gamma, g))
+            rep = run_mode(reasoner, items, opts, progress)
+        rows.append({"gamma": g, "tokens_per_s": rep.tokens_per_s,
+                     "speedup_vs_ar": rep.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else None,
+                     "acceptance_rate": rep.acceptance_rate, "acceptance_by_depth": rep.acceptance_by_depth,
+                     "accuracy": rep.accuracy, "speedup_estimate": rep.speedup_estimate})
+    return rows
 
 
 def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None = None) -> dict:
@@ -116,6 +193,8 @@ def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None
             "generated_tokens": r.tokens,
             "seconds": r.seconds,
             "judge_fallbacks": r.fallbacks,
+            "skipped_too_long": r.skipped,
+            "turns": r.turns,
         }
         if r.outputs:
             modes[mode]["outputs"] = r.outputs
@@ -131,4 +210,56 @@ def write_json(path: str | Path, doc: dict) -> None:
     Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
-__all__ = ["ModeReport", "run_eval", "report_json", "write_json", "load_items"]
+def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
+    """PNG plots (matplotlib, Agg) from ``report_json`` documents, one panel per dataset:
+    ``acceptance_by_depth.png`` (accepted / verified drafted steps at each depth, per speculative mode) and,
+    when a document has a ``gamma_sweep``, ``speedup_vs_gamma.png`` (measured tokens/s speedup over ``ar``;
+    dotted: the analytic estimate of :mod:`.metrics`). Returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    fig, axes = plt.subplots(1, len(docs), figsize=(5 * len(docs), 4), squeeze=False)
+    for ax, doc in zip(axes[0], docs):
+        for i, (mode, row) in enumerate(doc["modes"].items()):
+            acc = row.get("acceptance_by_depth") or []
+            pts = [(d, a) for d, a in enumerate(acc) if a is not None]
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=f"C{i}", label=mode)
+        ax.set(title=f"{doc['dataset']} (n={doc['n']})", xlabel="draft depth j (0 = first drafted step)",
+               ylabel="step acceptance rate", ylim=(0, 1.05))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.tight_layout()
+    out.append(folder / "acceptance_by_depth.png")
+    fig.savefig(out[-1], dpi=120)
+    plt.close(fig)
+    sweeps = [d for d in docs if d.get("gamma_sweep")]
+    if sweeps:
+        fig, axes = plt.subplots(1, len(sweeps), figsize=(5 * len(sweeps), 4), squeeze=False)
+        for ax, doc in zip(axes[0], sweeps):
+            for i, (mode, rows) in enumerate(doc["gamma_sweep"].items()):
+                g = [r["gamma"] for r in rows]
+                ax.plot(g, [r["speedup_vs_ar"] for r in rows], "o-", color=f"C{i}", label=f"{mode} measured")
+                est = [(r["gamma"], r["speedup_estimate"]) for r in rows if r.get("speedup_estimate") is not None]
+                if est:
+                    ax.plot(*zip(*est), ":", color=f"C{i}", label=f"{mode} estimate")
+            ax.axhline(1.0, color="gray", linewidth=0.8)
+            ax.set(title=doc["dataset"], xlabel="gamma (lookahead depth)", ylabel="speedup vs ar (tokens/s)")
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend()
+        fig.tight_layout()
+        out.append(folder / "speedup_vs_gamma.png")
+        fig.savefig(out[-1], dpi=120)
+        plt.close(fig)
+    return out
+
+
+__all__ = ["ModeReport", "run_eval", "run_mode", "run_gamma_sweep", "uses_chat_template", "report_json",
+           "write_json", "plot_eval", "load_items"]
