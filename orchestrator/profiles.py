@@ -25,7 +25,8 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(..., description="checkpoint folder (relative to the engines directory) or reference")
+    path: str = Field(..., description="checkpoint: HF folder (relative to the engines directory), GGUF file, or "
+                                       "package:NAME/FILE")
     runtime: Literal["portable", "trtllm", "openai", "triton"] = "portable"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
@@ -33,10 +34,17 @@ class ModelSpec(BaseModel):
     max_batch_size: int = Field(64, ge=1)
     prefix_cache_mb: float = Field(256.0, gt=0)
     url: str | None = Field(None, description="server address for the openai/triton runtimes")
+    spec: str | None = Field(None, description="trtllm runtime: engine spec YAML (relative to the engines directory)")
+    served_model: str | None = Field(None, description="openai runtime: model name on the server (default: first listed)")
+    server_flavor: Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"] = Field(
+        "vllm", description="openai runtime: which request extensions the server accepts")
 
     def resolved_path(self) -> Path:
-        p = Path(self.path)
-        return p if p.is_absolute() else ENGINES_DIR / p
+        """The checkpoint folder (see :func:`lookahead_reasoning.model_refs.resolve`: folders, GGUF files and
+        ``package:NAME/FILE`` references; relative paths against the engines directory)."""
+        from .model_refs import resolve
+
+        return resolve(self.path, base=ENGINES_DIR)
 
 
 class Profile(BaseModel):
