@@ -218,3 +218,18 @@ def test_sampling_with_speculation_is_seeded_and_counts(engines, reference, spec
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     assert sum(r.counters.drafted_tokens for r in a) > 0
     assert all(r.counters.accepted_tokens <= r.counters.drafted_tokens for r in a)
+
+
+def test_static_cache_mode_equals_dynamic(tiny_model_dir, reference):
+    """The GPU mode's static, never-reallocated cache (run eagerly here: CUDA graphs need a GPU) gives the
+    same greedy tokens as the dynamic cache, batched and with n-gram SD, including compaction."""
+    eng = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, static_cache=True,
+                                         static_cache_tokens=160, max_batch_size=8, compact_slack=8)
+    try:
+        for spec in (SpecDecodeConfig(), NGRAM):
+            res = eng.generate(_reqs(reference, spec))
+            assert [r.token_ids for r in res] == [_truncate_at_eos(eng, ref) for _, ref in reference]
+        with pytest.raises(ValueError, match="cuda_graphs"):
+            PortableEngine.from_pretrained(str(tiny_model_dir), cuda_graphs=True, static_cache=True)
+    finally:
+        eng.close()

@@ -103,13 +103,19 @@ class BatchKVCache(Cache):
         self.length = end
         if new == 1 and bool(self.valid[:n, :end].all()):
             return None  # one query per row and no holes: plain attention over every slot
-        causal = torch.ones((new, new), dtype=torch.bool, device=self.device).tril()
-        allowed = torch.cat(
-            [self.valid[:n, None, :start].expand(-1, new, -1), causal[None] & new_valid[:, None, :]], dim=2
-        )
+        allowed = torch.cat([self.valid[:n, None, :start].expand(-1, new, -1), self._new_block(new_valid)], dim=2)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         return mask[:, None]
+
+    def _new_block(self, new_valid: torch.Tensor) -> torch.Tensor:
+        """``[rows, new, new]`` bool: causal attention among the new positions to the valid ones, plus each
+        position to itself (so a padding query never has every key masked: its output, and the KV it leaves
+        in its never-valid slot, stay finite)."""
+        new = new_valid.shape[1]
+        causal = torch.ones((new, new), dtype=torch.bool, device=self.device).tril()
+        eye = torch.eye(new, dtype=torch.bool, device=self.device)
+        return (causal[None] & new_valid[:, None, :]) | eye[None]
 
     def invalidate(self, row: int, start: int, end: int) -> None:
         """Mark slots ``[start, end)`` of ``row`` as holes (e.g. rejected speculative tokens)."""

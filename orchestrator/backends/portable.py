@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import GenerationCounters, GenerationRequest, GenerationResult
 from .kv_cache import BatchKVCache, PrefixCache
@@ -59,6 +59,20 @@ class PortableEngineConfig(BaseModel):
     prefix_cache_mb: float = Field(256.0, gt=0, description="memory bound of the prefix cache, MiB")
     block_size: int = Field(16, ge=1, description="tokens per prefix-cache block")
     compact_slack: int = Field(64, ge=0, description="compact the batch cache when holes exceed this many slots")
+    static_cache: bool = Field(False, description="GPU mode: pre-allocated KV cache that never moves")
+    static_cache_tokens: int | None = Field(None, ge=16, description="slots per row (default: context + 128)")
+    cuda_graphs: bool = Field(False, description="GPU mode: replay captured CUDA graphs for decoding steps "
+                                                 "(needs device cuda and static_cache)")
+    graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    graph_widths: tuple[int, ...] = Field((1,), description="captured new-token counts per row (1 + SD tokens)")
+
+    @model_validator(mode="after")
+    def _check_gpu_mode(self) -> "PortableEngineConfig":
+        if self.cuda_graphs and not self.static_cache:
+            raise ValueError("cuda_graphs: needs static_cache")
+        if self.cuda_graphs and not self.device.startswith("cuda"):
+            raise ValueError("cuda_graphs: needs a cuda device")
+        return self
 
 
 @dataclass
@@ -99,6 +113,8 @@ class PortableEngine(TokenizerAccess):
         config: :class:`PortableEngineConfig`.
         draft_engine: another engine with the same tokenizer, used by requests whose ``spec.method`` is
             ``draft_model`` to propose tokens.
+        model: an already built model (e.g. random weights for benchmarks); ``config.model`` then only
+            names the tokenizer folder.
 
     Raises:
         ValueError: invalid configuration; ``OSError`` if the checkpoint cannot be loaded.
@@ -106,18 +122,21 @@ class PortableEngine(TokenizerAccess):
 
     name = "portable"
 
-    def __init__(self, config: PortableEngineConfig, draft_engine: "PortableEngine | None" = None) -> None:
+    def __init__(self, config: PortableEngineConfig, draft_engine: "PortableEngine | None" = None,
+                 model=None) -> None:
         from transformers import AutoModelForCausalLM
 
         self.config = config
         self.draft_engine = draft_engine
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(
-            config.model, dtype=self.dtype, attn_implementation=config.attn_implementation
-        ).to(self.device).eval()
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                config.model, dtype=self.dtype, attn_implementation=config.attn_implementation
+            )
+        self.model = model.to(self.device).eval()
         mc = self.model.config
-        self._load_tokenizer(config.model, mc, self.model.generation_config)
+        self._load_tokenizer(config.model, mc, getattr(self.model, "generation_config", None))
         self._num_layers = mc.num_hidden_layers
         self._kv_heads = getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads
         self._head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
@@ -129,7 +148,13 @@ class PortableEngine(TokenizerAccess):
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
         self.prefix_cache = PrefixCache(config.block_size, int(config.prefix_cache_mb * (1 << 20)))
-        self._cache = self._new_cache()
+        self._cache = self._running_cache()
+        self._graphs = None
+        if config.cuda_graphs:
+            from .cuda_graphs import GraphRunner
+
+            self._graphs = GraphRunner(self.model, self._cache, self._cache_kw, self._mask_keys,
+                                       config.graph_batch_sizes, config.graph_widths)
         self._running: list[_Seq] = []
         self._pending: list[_Seq] = []
         self._cv = threading.Condition()
@@ -243,6 +268,17 @@ class PortableEngine(TokenizerAccess):
     def _new_cache(self) -> BatchKVCache:
         return BatchKVCache(self._num_layers, self._kv_heads, self._head_dim, self.dtype, self.device)
 
+    def _running_cache(self) -> BatchKVCache:
+        """The running batch's cache: dynamic, or (GPU mode) one static cache for the engine's life."""
+        if not self.config.static_cache:
+            return self._new_cache()
+        from .cuda_graphs import StaticBatchKVCache
+
+        rows = max(self.config.max_batch_size, max(self.config.graph_batch_sizes))
+        slots = self.config.static_cache_tokens or self._context + 128
+        return StaticBatchKVCache(self._num_layers, self._kv_heads, self._head_dim, self.dtype, self.device,
+                                  max_rows=rows, capacity=slots, max_new=max(slots, 512))
+
     def _loop(self) -> None:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
@@ -282,7 +318,11 @@ class PortableEngine(TokenizerAccess):
             if not g.future.done():
                 g.future.set_exception(exc)
         self._running = []
-        self._cache = self._new_cache()
+        if self.config.static_cache:
+            while self._cache.rows:
+                self._cache.remove_row(self._cache.rows - 1)
+        else:
+            self._cache = self._new_cache()
 
     def _drop_cancelled(self) -> None:
         for s in [s for s in self._running if s.group.cancelled]:
@@ -357,7 +397,7 @@ class PortableEngine(TokenizerAccess):
         new[0].counters.prefill_tokens_computed += len(suffix)
 
     def _merge(self, group: BatchKVCache, seqs: list[_Seq]) -> None:
-        if not self._running:
+        if not self._running and not self.config.static_cache:
             self._cache = group
             self._running = list(seqs)
             return
@@ -367,6 +407,11 @@ class PortableEngine(TokenizerAccess):
     def _forward(self, cache: BatchKVCache, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,
                  logits: bool) -> torch.Tensor | None:
         mask = cache.reserve(real.to(self.device))
+        if self._graphs is not None and cache is self._cache and logits:
+            out = self._graphs.run(ids.to(self.device), pos.to(self.device), mask)
+            if out is not None:
+                self.stats.forward_passes += 1
+                return out
         kwargs = {
             "input_ids": ids.to(self.device),
             "position_ids": pos.to(self.device),
@@ -426,6 +471,8 @@ class PortableEngine(TokenizerAccess):
         seqs = self._running
         props = self._proposals()
         width = 1 + max(len(p) for p, _ in props)
+        if self._graphs is not None:  # pad up to a captured width (extra positions are invalid padding)
+            width = next((w for w in self._graphs.widths if w >= width), width)
         b = len(seqs)
         ids = torch.full((b, width), self._pad, dtype=torch.long)
         pos = torch.zeros((b, width), dtype=torch.long)
