@@ -147,7 +147,9 @@ def cmd_serve(args) -> int:
     from .serving.server import ServerConfig, TritonServer, prepare_repository, serve_forever
 
     limits = {"max_tokens_limit": str(args.max_tokens_limit), "max_prompt_bytes": str(args.max_prompt_bytes),
-              "max_concurrency": str(args.max_concurrency), "call_timeout_s": str(args.call_timeout_s or 0)}
+              "max_concurrency": str(args.max_concurrency), "call_timeout_s": str(args.call_timeout_s or 0),
+              "judge_timeout_s": str(args.judge_timeout_s or 0), "draft_timeout_s": str(args.draft_timeout_s or 0),
+              "target_timeout_s": str(args.target_timeout_s or 0)}
     repo = prepare_repository(args.profile, args.config, args.model_repository, limits)
     config = ServerConfig(repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
                           model_control_mode=args.model_control_mode)
@@ -240,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-prompt-bytes", type=int, default=65536)
     s.add_argument("--max-concurrency", type=int, default=256, help="requests in flight before refusing")
     s.add_argument("--call-timeout-s", type=float, default=None, help="timeout of each call to a role model")
+    s.add_argument("--judge-timeout-s", type=float, default=None, help="per judge call; slower = drafts rejected")
+    s.add_argument("--draft-timeout-s", type=float, default=None, help="per draft call; slower = target-only")
+    s.add_argument("--target-timeout-s", type=float, default=None, help="per target call; slower = error")
     s.add_argument("--log-file", default=None, help="append the server log here")
     s.set_defaults(func=cmd_serve)
 

@@ -60,7 +60,7 @@ class LROptions(BaseModel):
     async_mode: bool = Field(False, alias="async", description="pipelined asynchronous loop")
     adaptive_gamma: bool = False
     step: StepConfig = StepConfig()
-    max_tokens: int = Field(512, ge=1, description="total new-token budget (target tokens)")
+    max_tokens: int = Field(512, ge=1, le=1 << 20, description="total new-token budget (target tokens)")
     stop: tuple[str, ...] = Field((), description="user stop strings (output ends after one)")
     sampling: SamplingParams = SamplingParams()
     draft_temperature: float = Field(0.7, gt=0.0, description="sampling temperature of extra width candidates")

@@ -25,6 +25,7 @@ _TYPES = {
     "top_k": ("INT32", np.int32), "seed": ("INT64", np.int64), "stop": ("BYTES", np.object_),
     "mode": ("BYTES", np.object_), "gamma": ("INT32", np.int32), "judge": ("BYTES", np.object_),
     "async": ("BOOL", np.bool_), "adaptive_gamma": ("BOOL", np.bool_), "width": ("INT32", np.int32),
+    "delimiter": ("BYTES", np.object_), "max_step_tokens": ("INT32", np.int32),
 }
 
 

@@ -48,6 +48,8 @@ _LR_INPUTS = [
     ("async", "TYPE_BOOL", "[ 1 ]"),
     ("adaptive_gamma", "TYPE_BOOL", "[ 1 ]"),
     ("width", "TYPE_INT32", "[ 1 ]"),
+    ("delimiter", "TYPE_STRING", "[ 1 ]"),
+    ("max_step_tokens", "TYPE_INT32", "[ 1 ]"),
 ]
 _LR_OUTPUTS = [("text_output", "TYPE_STRING", "[ 1 ]"), ("metrics", "TYPE_STRING", "[ 1 ]")]
 

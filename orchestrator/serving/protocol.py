@@ -29,7 +29,8 @@ output                     dtype    shape       meaning
 
 The ``lookahead_reasoning`` model follows Triton's LLM backends (names as in the vLLM backend):
 inputs ``text_input`` or ``messages`` (JSON), ``max_tokens``, ``stream``, ``temperature``, ``top_p``,
-``top_k``, ``seed``, ``stop``, ``mode``, ``gamma``, ``judge``; outputs ``text_output`` and ``metrics``.
+``top_k``, ``seed`` (-1 = none), ``stop``, ``mode``, ``gamma``, ``judge``, and ``async``, ``adaptive_gamma``,
+``width``, ``delimiter``, ``max_step_tokens``; outputs ``text_output`` and ``metrics``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import numpy as np
 from ..backends.base import GenerationCounters, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig
 
 LR_INPUTS = ("text_input", "messages", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop",
-             "mode", "gamma", "judge", "async", "adaptive_gamma", "width")
+             "mode", "gamma", "judge", "async", "adaptive_gamma", "width", "delimiter", "max_step_tokens")
 
 
 def _bytes(values: Sequence[str]) -> np.ndarray:

@@ -9,9 +9,12 @@ request's metrics as JSON (with ``stream`` false: one response with the whole te
 
 Limits (model parameters): ``max_tokens_limit`` (largest ``max_tokens`` accepted), ``max_prompt_bytes``,
 ``max_concurrency`` (requests in flight in this instance; more are refused), ``call_timeout_s`` (per BLS
-call). Custom metrics (``pb_utils.MetricFamily``, Triton's metrics port): ``lr_requests_total``,
+call, enforced by Triton), ``judge_timeout_s`` / ``draft_timeout_s`` / ``target_timeout_s`` (per call of that
+role, enforced by the loop: a slow judge rejects the drafts, a slow draft turns the request target-only, a slow
+target is an error). Custom metrics (``pb_utils.MetricFamily``, Triton's metrics port): ``lr_requests_total``,
 ``lr_steps_total{source}``, ``lr_cycles_total``, ``lr_verified_steps_total``, ``lr_accepted_steps_total``,
-``lr_judge_fallbacks_total``, ``lr_draft_failures_total``, ``lr_acceptance_rate`` (cumulative, per mode).
+``lr_judge_fallbacks_total``, ``lr_draft_failures_total``, ``lr_acceptance_rate`` (cumulative, per mode),
+``lr_requests_cancelled_total``, ``lr_requests_in_flight``.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ def parse_lr_request(get, defaults, max_tokens_limit: int, max_prompt_bytes: int
         if v is not None:
             sampling[name] = v
     if sampling.get("seed") is not None and sampling["seed"] < 0:
+        if sampling["seed"] != -1:
+            raise ValueError(f"seed: must be >= 0 (or -1 for none), got {sampling['seed']}")
         sampling["seed"] = None  # -1 means "no seed", as the role models' convention
     max_tokens = num("max_tokens", int)
     if max_tokens is not None and max_tokens > max_tokens_limit:
@@ -100,13 +105,20 @@ def parse_lr_request(get, defaults, max_tokens_limit: int, max_prompt_bytes: int
     raw_judge = _scalar(get("judge"), "judge")
     if raw_judge is not None:
         judge["name"] = _text(raw_judge, "judge")
+    step = defaults.step.model_dump()
+    raw_delim = _scalar(get("delimiter"), "delimiter")
+    if raw_delim is not None:
+        step["delimiter"] = _text(raw_delim, "delimiter")
+    max_step = num("max_step_tokens", int)
+    if max_step is not None:
+        step["max_step_tokens"] = max_step
     stop_arr = get("stop")
     stop = tuple(_text(s, "stop") for s in stop_arr.reshape(-1)) if stop_arr is not None else None
     raw_mode = _scalar(get("mode"), "mode")
     opts = with_overrides(
         defaults,
         mode=None if raw_mode is None else _text(raw_mode, "mode"),
-        gamma=gamma, max_tokens=max_tokens, sampling=sampling, judge=judge, stop=stop,
+        gamma=gamma, max_tokens=max_tokens, sampling=sampling, judge=judge, stop=stop, step=step,
         width=num("width", int), async_mode=num("async", bool), adaptive_gamma=num("adaptive_gamma", bool),
     )
     stream = bool(num("stream", bool))
@@ -130,7 +142,11 @@ class LookaheadReasoningModel:
         target = TritonBLSEngine("target", str(p.target.resolved_path()), timeout)
         draft = TritonBLSEngine("draft", str(p.draft.resolved_path()), timeout) if p.draft else None
         judge = TritonBLSEngine("judge", str(p.judge.resolved_path()), timeout) if p.judge else None
-        self.reasoner = LookaheadReasoner(target, draft, judge, defaults=p.options)
+        timeouts = {k: float(params[k]) for k in ("judge_timeout_s", "draft_timeout_s", "target_timeout_s")
+                    if float(params.get(k) or 0) > 0}
+        defaults = p.options.model_copy(update=timeouts) if timeouts else p.options
+        self.profile = p.model_copy(update={"options": defaults})
+        self.reasoner = LookaheadReasoner(target, draft, judge, defaults=defaults)
         self.max_tokens_limit = int(params.get("max_tokens_limit") or 4096)
         self.max_prompt_bytes = int(params.get("max_prompt_bytes") or 65536)
         self.max_concurrency = int(params.get("max_concurrency") or 256)
@@ -149,6 +165,8 @@ class LookaheadReasoningModel:
             "fallbacks": pb.MetricFamily("lr_judge_fallbacks_total", "judge failures or timeouts", counter),
             "draft_failures": pb.MetricFamily("lr_draft_failures_total", "draft failures (target-only)", counter),
             "acceptance": pb.MetricFamily("lr_acceptance_rate", "cumulative step acceptance rate", gauge),
+            "cancelled": pb.MetricFamily("lr_requests_cancelled_total", "requests cancelled by the client", counter),
+            "in_flight": pb.MetricFamily("lr_requests_in_flight", "requests being served", gauge),
         }
         self._fam = fam
         self._metric_cache: dict[tuple, object] = {}
@@ -198,6 +216,7 @@ class LookaheadReasoningModel:
                 flags=final)
             return
         self.active += 1
+        self._metric("in_flight").set(self.active)
         try:
             def get(name):
                 t = pb.get_input_tensor_by_name(request, name)
@@ -210,6 +229,7 @@ class LookaheadReasoningModel:
             try:
                 async for event in gen:
                     if request.is_cancelled():
+                        self._metric("cancelled", mode=opts.mode).increment(1)
                         sender.send(flags=final)
                         return
                     if isinstance(event, LRResult):
@@ -230,6 +250,7 @@ class LookaheadReasoningModel:
             sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg)), flags=final)
         finally:
             self.active -= 1
+            self._metric("in_flight").set(self.active)
 
     def finalize(self) -> None:
         pass

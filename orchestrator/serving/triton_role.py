@@ -45,10 +45,31 @@ class RoleModel:
         if threads:
             spec = spec.model_copy(update={"num_threads": int(threads)})
         self.engine = make_engine(spec)
+        labels = {"role": self.role}
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        self._active = pb_utils.MetricFamily(
+            "lr_engine_active_sequences", "sequences queued or running in the role's engine", gauge).Metric(labels=labels)
+        self._cache_bytes = pb_utils.MetricFamily(
+            "lr_engine_prefix_cache_bytes", "bytes held by the role's prefix KV cache", gauge).Metric(labels=labels)
+        self._cancelled = pb_utils.MetricFamily(
+            "lr_engine_cancelled_total", "engine calls cancelled by their caller", counter).Metric(labels=labels)
+
+    def _observe(self) -> None:
+        self._active.set(getattr(self.engine, "active_sequences", 0))
+        cache = getattr(self.engine, "prefix_cache", None)
+        self._cache_bytes.set(cache.nbytes if cache is not None else 0)
 
     async def execute(self, requests):
+        if getattr(self, "_ticker", None) is None:  # refresh the engine gauges while requests run
+            self._ticker = asyncio.ensure_future(self._tick())
         await asyncio.gather(*(self._one(r) for r in requests))
+        self._observe()
         return None
+
+    async def _tick(self) -> None:
+        while True:
+            self._observe()
+            await asyncio.sleep(0.25)
 
     async def _one(self, request) -> None:
         pb = self.pb
@@ -69,6 +90,7 @@ class RoleModel:
                         await task
                     except asyncio.CancelledError:
                         pass
+                    self._cancelled.increment(1)
                     sender.send(flags=final)
                     return
             results = task.result()
