@@ -280,6 +280,11 @@ def validate_input(prompt: str | None, messages: Sequence[dict] | None) -> None:
             raise ValueError("messages: all message contents are empty")
     elif not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt: empty or whitespace-only prompt")
+    for text in [prompt] if prompt is not None else [m["content"] for m in messages]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{'prompt' if prompt is not None else 'messages'}: not valid UTF-8") from None
 
 
 def with_overrides(defaults: LROptions, **overrides) -> LROptions:

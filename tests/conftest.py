@@ -108,3 +108,60 @@ def openai_front(triton_server):
     front = start_front(triton_server.grpc_url, "127.0.0.1", port)
     yield f"127.0.0.1:{port}"
     front.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_judge_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_judge"), seed=2, layers=1, hidden=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_profile_yaml(tmp_path_factory, tiny_model_dir, tiny_draft_dir, tiny_judge_dir) -> Path:
+    """A profile of the three tiny random models (fast to serve): numeric judge by default, llm available."""
+    import yaml
+
+    path = tmp_path_factory.mktemp("tiny_profile") / "tiny.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tiny",
+        "target": {"path": str(tiny_model_dir), "prefix_cache_mb": 4},
+        "draft": {"path": str(tiny_draft_dir), "prefix_cache_mb": 4},
+        "judge": {"path": str(tiny_judge_dir), "prefix_cache_mb": 4},
+        "options": {"judge": {"name": "numeric"}, "max_tokens": 64, "gamma": 2,
+                    "step": {"max_step_tokens": 8}},
+        "max_gamma_cap": 6,
+    }))
+    return path
+
+
+def start_server(tmp_path_factory, profile_config: Path, control: str = "none", **limits) -> "object":
+    from lookahead_reasoning.serving.server import ServerConfig, TritonServer, prepare_repository
+
+    params = {"max_tokens_limit": "512", "max_prompt_bytes": "8000", "max_concurrency": "100",
+              "call_timeout_s": "0"}
+    params.update({k: str(v) for k, v in limits.items()})
+    repo = prepare_repository(None, str(profile_config), str(tmp_path_factory.mktemp("repo")), limits=params)
+    log = tmp_path_factory.mktemp("logs") / "triton.log"
+    server = TritonServer(ServerConfig(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                                       model_control_mode=control), log_path=log)
+    return server.start()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory, tiny_profile_yaml):
+    """A real Triton server with the tiny profile (bad requests, load, limits)."""
+    server = start_server(tmp_path_factory, tiny_profile_yaml)
+    yield server
+    server.stop()
+
+
+def scrape(server, prefix: str = "lr_") -> dict[str, float]:
+    """Prometheus samples of the server's metrics port whose name starts with ``prefix``."""
+    import urllib.request
+
+    body = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in body.splitlines():
+        if line.startswith(prefix):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out

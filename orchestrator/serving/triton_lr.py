@@ -247,6 +247,8 @@ class LookaheadReasoningModel:
             from ..errors import one_line
 
             msg = one_line(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            if msg.startswith("prompt:"):  # the library's name for what Triton callers send as text_input
+                msg = "text_input:" + msg[len("prompt:"):]
             sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg)), flags=final)
         finally:
             self.active -= 1

@@ -1,0 +1,218 @@
+"""A catalogue of bad requests, each sent through the CLI, the Python API, gRPC and HTTP.
+
+Every case must get a clear error naming the field (in that channel's own vocabulary: ``--max-tokens`` on the
+command line, ``max_tokens`` elsewhere, ``text_input`` for the prompt on Triton), and the server must answer the
+next good request correctly. Cases that a channel cannot even express (a wrong tensor dtype on the command
+line, say) are marked with the channels they apply to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+import pytest
+
+from lookahead_reasoning.backends.portable import PortableEngine
+from lookahead_reasoning.lookahead import LookaheadReasoner, with_overrides
+from lookahead_reasoning.profiles import load_profile
+from lookahead_reasoning.serving.client import TritonLRClient
+
+pytestmark = pytest.mark.server
+
+ALL = ("cli", "python", "grpc", "http")
+
+
+@dataclass
+class Case:
+    name: str
+    fields: dict  # request fields (Triton input names); "text_input" defaults to a good prompt
+    expect: dict  # channel -> substring the error must contain (the field's name in that channel)
+    channels: tuple = ALL
+    raw: dict = field(default_factory=dict)  # grpc: name -> (numpy array, Triton dtype) overriding fields
+
+
+def _e(field_name, cli=None, triton=None):
+    return {"cli": cli or "--" + field_name.replace("_", "-"), "python": field_name,
+            "grpc": triton or field_name, "http": triton or field_name}
+
+
+CASES = [
+    Case("empty prompt", {"text_input": ""}, _e("prompt", triton="text_input")),
+    Case("whitespace prompt", {"text_input": "  \n\t "}, _e("prompt", triton="text_input")),
+    Case("invalid utf-8", {"text_input": "bad \udcff bytes"}, _e("prompt", triton="text_input"),
+         channels=("cli", "python", "grpc"), raw={"text_input": (np.array([b"bad \xff bytes"], dtype=np.object_), "BYTES")}),
+    Case("prompt over the context window", {"text_input": "12 " * 700}, _e("prompt", triton="text_input")),
+    Case("prompt over the server's byte limit", {"text_input": "x " * 5000}, {"grpc": "text_input", "http": "text_input"},
+         channels=("grpc", "http")),
+    Case("max_tokens 0", {"max_tokens": 0}, _e("max_tokens")),
+    Case("max_tokens negative", {"max_tokens": -5}, _e("max_tokens")),
+    Case("max_tokens absurd", {"max_tokens": 2_000_000_000}, _e("max_tokens")),
+    Case("gamma negative", {"gamma": -1}, _e("gamma")),
+    Case("gamma over the cap", {"gamma": 50}, _e("gamma")),
+    Case("unknown mode", {"mode": "turbo"}, _e("mode")),
+    Case("unknown judge", {"judge": "oracle"}, _e("judge")),
+    Case("temperature negative", {"temperature": -0.5}, _e("temperature")),
+    Case("top_p zero", {"top_p": 0.0}, _e("top_p")),
+    Case("top_p above one", {"top_p": 1.5}, _e("top_p")),
+    Case("top_k negative", {"top_k": -3}, _e("top_k")),
+    Case("non-integer seed", {"seed": 1.5}, _e("seed"), channels=("cli", "python", "http")),
+    Case("negative seed", {"seed": -7}, _e("seed")),
+    Case("empty delimiter", {"delimiter": ""}, _e("delimiter")),
+    Case("max_step_tokens zero", {"max_step_tokens": 0}, _e("max_step_tokens")),
+    Case("width zero", {"width": 0}, _e("width")),
+    Case("empty stop string", {"stop": [""]}, _e("stop")),
+    # The Python API takes parsed messages, so JSON syntax is the caller's business there.
+    Case("messages not JSON", {"text_input": None, "messages": "[{role: user"}, _e("messages"),
+         channels=("cli", "grpc", "http")),
+    Case("messages with an unknown role", {"text_input": None, "messages": '[{"role": "robot", "content": "hi"}]'},
+         _e("messages")),
+    Case("messages empty", {"text_input": None, "messages": "[]"}, _e("messages")),
+    Case("no prompt at all", {"text_input": None}, {"grpc": "text_input", "http": "text_input"},
+         channels=("grpc", "http")),
+    Case("wrong dtype: max_tokens as FP32", {}, {"grpc": "max_tokens"}, channels=("grpc",),
+         raw={"max_tokens": (np.array([8.0], dtype=np.float32), "FP32")}),
+    Case("wrong dtype: text_input as INT32", {}, {"grpc": "text_input"}, channels=("grpc",),
+         raw={"text_input": (np.array([3], dtype=np.int32), "INT32")}),
+    Case("wrong shape: gamma [2]", {}, {"grpc": "gamma"}, channels=("grpc",),
+         raw={"gamma": (np.array([1, 2], dtype=np.int32), "INT32")}),
+    Case("unknown input", {}, {"grpc": "colour", "http": "colour"}, channels=("grpc", "http"),
+         raw={"colour": (np.array([b"red"], dtype=np.object_), "BYTES")}),
+    Case("string where a number goes", {"max_tokens": "many"}, {"http": "max_tokens"}, channels=("http",)),
+]
+GOOD = "Step 1: 4 + 4 = 8.\n\nStep 2:"
+
+
+def _request(case: Case) -> dict:
+    fields = {"text_input": GOOD, "max_tokens": 12}
+    fields.update(case.fields)
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+@pytest.fixture(scope="module")
+def reasoner(tiny_profile_yaml):
+    profile = load_profile(config=tiny_profile_yaml)
+    engines = [PortableEngine.from_pretrained(str(getattr(profile, r).resolved_path()), num_threads=1)
+               for r in ("target", "draft", "judge")]
+    yield LookaheadReasoner(*engines, defaults=profile.options)
+    for e in engines:
+        e.close()
+
+
+def _cli_args(req: dict) -> list[str]:
+    flags = {"text_input": "--prompt", "messages": "--messages", "max_tokens": "--max-tokens", "gamma": "--gamma",
+             "mode": "--mode", "judge": "--judge", "temperature": "--temperature", "top_p": "--top-p",
+             "top_k": "--top-k", "seed": "--seed", "delimiter": "--delimiter", "max_step_tokens": "--max-step-tokens",
+             "width": "--width"}
+    args = []
+    for k, v in req.items():
+        if k == "stop":
+            for s in v:
+                args += ["--stop", s]
+        else:
+            args += [flags[k], str(v)]
+    return args
+
+
+def _python_call(reasoner, req: dict):
+    sampling = {k: req[k] for k in ("temperature", "top_p", "top_k", "seed") if k in req}
+    step = {k: v for k, v in (("delimiter", req.get("delimiter")), ("max_step_tokens", req.get("max_step_tokens")))
+            if v is not None}
+    judge = {"name": req["judge"]} if "judge" in req else None
+    opts = with_overrides(
+        reasoner.defaults, max_tokens=req.get("max_tokens"), gamma=req.get("gamma"), mode=req.get("mode"),
+        width=req.get("width"), stop=tuple(req["stop"]) if "stop" in req else None,
+        sampling=reasoner.defaults.sampling.model_dump() | sampling if sampling else None,
+        step=reasoner.defaults.step.model_dump() | step if step else None,
+        judge=reasoner.defaults.judge.model_dump() | judge if judge else None,
+    )
+    messages = req.get("messages")
+    if messages is not None:
+        messages = json.loads(messages)  # a caller of the Python API passes parsed messages
+    return reasoner.run(req.get("text_input"), messages, opts)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "python" in c.channels], ids=lambda c: c.name)
+def test_python_api(reasoner, case):
+    with pytest.raises(ValueError, match=case.expect["python"]):
+        _python_call(reasoner, _request(case))
+    assert reasoner.run(GOOD, options=with_overrides(reasoner.defaults, max_tokens=6)).metrics.generated_tokens == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in CASES if "cli" in c.channels], ids=lambda c: c.name)
+def test_cli(tiny_profile_yaml, case):
+    out = subprocess.run([sys.executable, "-m", "lookahead_reasoning.cli", "generate", "--config",
+                          str(tiny_profile_yaml), *_cli_args(_request(case))], capture_output=True, text=True,
+                         timeout=300, errors="surrogateescape")
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and case.expect["cli"] in lines[0], out.stderr
+
+
+async def _grpc(server, case: Case):
+    import tritonclient.grpc.aio as grpcclient
+
+    from lookahead_reasoning.serving.client import _TYPES, _inputs
+
+    req = _request(case)
+    prompt, messages = req.pop("text_input", None), req.pop("messages", None)
+    if "text_input" in case.raw:
+        prompt = GOOD  # replaced by the raw tensor below
+    arrays = _inputs(prompt, messages, True, req)
+    types = {k: _TYPES[k][0] for k in arrays}
+    for name, (arr, dtype) in case.raw.items():
+        arrays[name], types[name] = arr, dtype
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = []
+    for name, arr in arrays.items():
+        t = grpcclient.InferInput(name, list(arr.shape), types[name])
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+
+    async def it():
+        yield {"model_name": "lookahead_reasoning", "inputs": inputs}
+
+    try:
+        async for result, error in client.stream_infer(it()):
+            if error is not None:
+                return str(error)
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+        return None
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "grpc" in c.channels], ids=lambda c: c.name)
+def test_grpc(tiny_server, case):
+    err = asyncio.run(_grpc(tiny_server, case))
+    assert err is not None and case.expect["grpc"] in err, err
+    good = asyncio.run(TritonLRClient(tiny_server.grpc_url, "grpc").generate(GOOD, max_tokens=6))
+    assert good.metrics["generated_tokens"] == 6
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "http" in c.channels], ids=lambda c: c.name)
+def test_http(tiny_server, case):
+    body = _request(case)
+    for name, (arr, _) in case.raw.items():
+        body[name] = [x.decode() if isinstance(x, bytes) else x.item() for x in arr.reshape(-1)][0]
+    r = httpx.post(f"http://{tiny_server.http_url}/v2/models/lookahead_reasoning/generate", json=body, timeout=60)
+    assert r.status_code >= 400
+    assert case.expect["http"] in r.json()["error"], r.text
+    good = asyncio.run(TritonLRClient(tiny_server.http_url, "http").generate(GOOD, max_tokens=6))
+    assert good.metrics["generated_tokens"] == 6
+
+
+def test_catalogue_size():
+    assert len(CASES) >= 25
+    for channel in ALL:
+        assert sum(channel in c.channels for c in CASES) >= 18, channel
+
+

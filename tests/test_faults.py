@@ -1,0 +1,140 @@
+"""Component faults injected for real (Triton model control API, a judge timeout below the judge's latency),
+limits, and the bind address.
+
+The server runs the tiny profile in explicit model-control mode with ``judge_timeout_s`` far below the judge's
+real latency and ``max_concurrency`` 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import tritonclient.http as httpclient
+
+from lookahead_reasoning.serving.client import ServerError, TritonLRClient
+
+from conftest import scrape, start_server
+
+pytestmark = pytest.mark.server
+PROMPT = "Step 1: 4 + 4 = 8.\n\nStep 2: 12 x 3 = 36.\n\nStep 3:"
+
+
+@pytest.fixture(scope="module")
+def fault_server(tmp_path_factory, tiny_profile_yaml):
+    server = start_server(tmp_path_factory, tiny_profile_yaml, control="explicit", judge_timeout_s="0.0002",
+                          max_concurrency="2")
+    yield server
+    server.stop()
+
+
+def _client(server):
+    return TritonLRClient(server.grpc_url, "grpc")
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _control(server):
+    return httpclient.InferenceServerClient(server.http_url)
+
+
+def test_slow_judge_rejects_drafts_and_keeps_target_steps(fault_server):
+    before = scrape(fault_server).get('lr_judge_fallbacks_total{mode="lr+sd"}', 0.0)
+    ar = _run(_client(fault_server).generate(PROMPT, mode="ar", max_tokens=40))
+    lr = _run(_client(fault_server).generate(PROMPT, mode="lr+sd", judge="llm", max_tokens=40))
+    assert lr.metrics["fallbacks"] >= 1
+    if lr.metrics["accepted_steps"] == 0:  # (a batch of pairs that all match after normalization skips the judge)
+        assert lr.text == ar.text  # every draft rejected, the target's own steps kept (greedy)
+    assert scrape(fault_server)['lr_judge_fallbacks_total{mode="lr+sd"}'] > before
+
+
+def test_unloaded_judge_falls_back(fault_server):
+    ctl = _control(fault_server)
+    ctl.unload_model("judge")
+    try:
+        res = _run(_client(fault_server).generate(PROMPT, mode="lr", judge="llm", max_tokens=24))
+        assert res.metrics["generated_tokens"] == 24 and res.metrics["fallbacks"] >= 1
+    finally:
+        ctl.load_model("judge")
+    assert ctl.is_model_ready("judge")
+
+
+def test_draft_unloaded_mid_run_continues_target_only(fault_server):
+    ctl = _control(fault_server)
+    client = _client(fault_server)
+    ar = _run(client.generate(PROMPT, mode="ar", max_tokens=64))
+
+    async def go():
+        chunks = []
+        async for c in client.stream(PROMPT, mode="lr", judge="numeric", max_tokens=64):
+            chunks.append(c)
+            if len(chunks) == 1:
+                await asyncio.to_thread(ctl.unload_model, "draft")
+        return chunks
+
+    try:
+        chunks = _run(go())
+    finally:
+        ctl.load_model("draft")
+    final = chunks[-1].metrics
+    assert final["draft_failures"] >= 1
+    assert "".join(c.text for c in chunks) == ar.text  # the request completed, target-only after the fault
+    assert final["generated_tokens"] == ar.metrics["generated_tokens"]
+
+
+def test_failing_target_is_a_clear_error(fault_server):
+    ctl = _control(fault_server)
+    ctl.unload_model("target")
+    try:
+        with pytest.raises(ServerError, match="target"):
+            _run(_client(fault_server).generate(PROMPT, mode="lr", max_tokens=16))
+    finally:
+        ctl.load_model("target")
+    good = _run(_client(fault_server).generate(PROMPT, mode="lr", max_tokens=16))
+    assert good.metrics["generated_tokens"] == 16
+
+
+def test_concurrency_limit_is_enforced(fault_server):
+    client = _client(fault_server)
+
+    async def one():
+        try:
+            return await client.generate(PROMPT, mode="ar", max_tokens=400)
+        except ServerError as exc:
+            return exc
+
+    async def go():
+        return await asyncio.gather(*(one() for _ in range(4)))
+
+    out = _run(go())
+    refused = [x for x in out if isinstance(x, ServerError)]
+    assert refused and all("busy" in str(x) for x in refused)
+    assert any(not isinstance(x, ServerError) for x in out)
+    time.sleep(0.5)
+    assert _run(client.generate(PROMPT, max_tokens=8)).metrics["generated_tokens"] == 8
+
+
+def _listening_addresses(port: int) -> set[str]:
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, p = local.rsplit(":", 1)
+            if int(p, 16) == port and state == "0A":  # LISTEN
+                out.add(addr)
+    return out
+
+
+def test_every_port_binds_loopback(fault_server):
+    cfg = fault_server.config
+    assert cfg.host == "127.0.0.1"
+    for port in (cfg.http_port, cfg.grpc_port, cfg.metrics_port):
+        addrs = _listening_addresses(port)
+        assert addrs == {"0100007F"}, (port, addrs)  # 127.0.0.1 in /proc/net/tcp's little-endian hex
