@@ -71,7 +71,7 @@ def resolve(ref: str, base: Path | None = None, cache: Path | None = None) -> Pa
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # per process: several model processes may convert at once
     shutil.rmtree(tmp, ignore_errors=True)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -82,5 +82,10 @@ def resolve(ref: str, base: Path | None = None, cache: Path | None = None) -> Pa
         del model.config.quantization_config
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a half-written cache is never used
+    try:
+        tmp.rename(out)  # atomic: a half-written cache is never used
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
     return out
