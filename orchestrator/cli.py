@@ -8,6 +8,7 @@ import os
 import sys
 
 from .bench import register as register_bench
+from .engine_build import register as register_build
 from .eval_cli import add_eval_arguments, cmd_eval
 from .lookahead import MODES
 from .verifiers import JUDGES
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_arguments(e)
     e.set_defaults(func=cmd_eval)
     register_bench(sub)
+    register_build(sub)
 
     s = sub.add_parser("serve", help="start Triton Inference Server with the profile's models")
     s.add_argument("--profile", default=None, help="built-in profile (default: demo)")

@@ -6,6 +6,8 @@ from a :class:`~lookahead_reasoning.profiles.ModelSpec`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .base import Engine, GenerationCounters, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig
 
 __all__ = [
@@ -28,4 +30,19 @@ def make_engine(spec, draft_engine=None) -> Engine:
             max_batch_size=spec.max_batch_size, prefix_cache_mb=spec.prefix_cache_mb,
         )
         return PortableEngine(cfg, draft_engine=draft_engine)
+    if spec.runtime == "trtllm":  # TensorRT-LLM LLM API; settings from an engine spec (engines/*.yaml)
+        from ..engine_specs import ENGINES_DIR, load_spec
+        from .trtllm import TrtllmEngine
+
+        if not spec.spec:
+            raise ValueError("spec: runtime 'trtllm' needs `spec`, an engine spec YAML (engines/*.yaml)")
+        path = Path(spec.spec) if Path(spec.spec).is_absolute() else ENGINES_DIR / spec.spec
+        return TrtllmEngine(load_spec(path), model=str(spec.resolved_path()))
+    if spec.runtime == "openai":  # any OpenAI-compatible completions server; tokenizer from `path`
+        from .openai_http import OpenAIEngine, OpenAIEngineConfig
+
+        if not spec.url:
+            raise ValueError("url: runtime 'openai' needs `url`, the server root (e.g. http://127.0.0.1:8001)")
+        return OpenAIEngine(OpenAIEngineConfig(url=spec.url, tokenizer=str(spec.resolved_path()),
+                                               model=spec.served_model, flavor=spec.server_flavor))
     raise ValueError(f"runtime: unknown or unavailable runtime {spec.runtime!r}")

@@ -1,0 +1,336 @@
+"""Engine backend over an OpenAI-compatible ``/v1/completions`` server: trtllm-serve, vLLM, SGLang, or our own
+:mod:`lookahead_reasoning.serving_engine_http` (any of the three roles).
+
+The orchestrator works on token ids, so each request sends its prompt as a list of token ids and reads the
+generated token ids back (vLLM's ``return_token_ids`` extension, our server, trtllm-serve's ``token_ids``
+field); a server that returns only text has it re-encoded with the local tokenizer (approximate: a
+re-encoding need not reproduce the ids the server sampled). The tokenizer, EOS ids, vocabulary and context
+length come from a local checkpoint folder (``tokenizer``), so encode/decode/chat templates run client-side.
+
+The engine contract is enforced client-side on the returned ids (:func:`finish_generation`): the first EOS
+ends the output and stays in it; the first token that completes a stop string on the decoded text ends it
+and stays in it (servers that match stop strings on token ids, like trtllm-serve, miss stops merged into
+larger tokens such as ``".\\n\\n"``; they just run on until ``max_tokens`` and the client cuts); at most
+``max_new_tokens`` tokens.
+
+Token-level speculative decoding is a server setting (``--speculative-config`` in vLLM,
+``speculative_config`` in trtllm-serve's ``--config`` YAML); ``GenerationRequest.spec`` is not sent.
+
+HTTP runs on one background asyncio loop with one ``httpx.AsyncClient`` (connection pool), so the engine can
+be awaited from any event loop or called from plain threads; concurrent requests become concurrent HTTP
+calls and the server batches them in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import os
+import threading
+import time
+from concurrent.futures import Future
+from typing import Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .base import GenerationCounters, GenerationRequest, GenerationResult
+from .tokenizer import TokenizerAccess
+
+Flavor = Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"]
+
+#: Extension fields each server flavour accepts on /v1/completions besides the OpenAI ones
+#: (model, prompt, max_tokens, temperature, top_p, stop, seed). trtllm-serve rejects unknown fields
+#: (``extra="forbid"`` in tensorrt_llm/serve/openai_protocol.py); vLLM and our server accept these.
+FLAVOR_EXTENSIONS: dict[str, frozenset[str]] = {
+    "vllm": frozenset({"top_k", "return_token_ids", "include_stop_str_in_output", "skip_special_tokens"}),
+    "lookahead": frozenset({"top_k", "return_token_ids", "include_stop_str_in_output", "skip_special_tokens"}),
+    "trtllm-serve": frozenset({"top_k", "include_stop_str_in_output", "skip_special_tokens"}),
+    "sglang": frozenset({"top_k", "no_stop_trim", "skip_special_tokens"}),
+    "openai": frozenset(),
+}
+
+
+class OpenAIEngineConfig(BaseModel):
+    """Settings of an :class:`OpenAIEngine` (validated; errors name the field).
+
+    Attributes:
+        url: server root, e.g. ``http://127.0.0.1:8001`` (a trailing ``/v1`` is accepted).
+        tokenizer: local checkpoint folder with the served model's tokenizer and config.json.
+        model: served model name; ``None`` = the first id listed by ``GET /v1/models``.
+        flavor: which extension fields to send (see :data:`FLAVOR_EXTENSIONS`).
+        timeout_s: per-HTTP-call timeout in seconds.
+        max_connections: connection-pool size (bounds in-flight HTTP calls).
+        api_key_env: environment variable holding a bearer token (unset or empty: no Authorization header).
+        context_length: override of the server's context window in tokens (default: config.json's
+            ``max_position_embeddings``).
+        extra_body: extra JSON fields merged into every request body.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(..., min_length=1)
+    tokenizer: str = Field(..., min_length=1)
+    model: str | None = None
+    flavor: Flavor = "vllm"
+    timeout_s: float = Field(600.0, gt=0)
+    max_connections: int = Field(256, ge=1)
+    api_key_env: str = "OPENAI_API_KEY"
+    context_length: int | None = Field(None, ge=2)
+    extra_body: dict = Field(default_factory=dict)
+
+
+# -- pure helpers (shared with the TensorRT-LLM backend) ---------------------------------------------------
+
+def validate_request(req: GenerationRequest, vocab_size: int, context_length: int) -> None:
+    """Raise ``ValueError`` naming the field if ``req`` cannot be served (same rules as the portable engine)."""
+    if not isinstance(req, GenerationRequest):
+        raise ValueError(f"request: expected GenerationRequest, got {type(req).__name__}")
+    if len(req.prompt_ids) == 0:
+        raise ValueError("prompt_ids: empty prompt")
+    bad = [t for t in req.prompt_ids if t < 0 or t >= vocab_size]
+    if bad:
+        raise ValueError(f"prompt_ids: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+    if req.max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens: must be > 0, got {req.max_new_tokens}")
+    if len(req.prompt_ids) + req.max_new_tokens > context_length:
+        raise ValueError(
+            f"max_new_tokens: prompt ({len(req.prompt_ids)} tokens) + max_new_tokens ({req.max_new_tokens})"
+            f" exceeds the context window of {context_length} tokens"
+        )
+    if any((not isinstance(s, str)) or s == "" for s in req.stop):
+        raise ValueError("stop: stop strings must be non-empty strings")
+
+
+def first_stop_end(token_ids: Sequence[int], stop: Sequence[str], decode) -> int | None:
+    """Smallest ``k`` such that ``decode(token_ids[:k])`` contains a stop string, or ``None``.
+
+    ``decode`` maps ids to text. Containment is monotone in ``k`` for stop strings of whole characters, so the
+    boundary is found by bisection (O(log n) decodes).
+    """
+    if not stop or not token_ids:
+        return None
+    ids = list(token_ids)
+
+    def hit(k: int) -> bool:
+        text = decode(ids[:k])
+        return any(s in text for s in stop)
+
+    if not hit(len(ids)):
+        return None
+    return bisect.bisect_left(range(len(ids) + 1), True, key=hit)
+
+
+def finish_generation(token_ids: Sequence[int], *, max_new_tokens: int, stop: Sequence[str],
+                      eos_token_ids: frozenset[int], decode,
+                      server_finish: str | None = None) -> tuple[list[int], str]:
+    """Apply the engine contract to a server's raw generated ids.
+
+    Returns ``(ids, finish_reason)``: ids cut after the first EOS (kept; ``"eos"``), after the token that first
+    completes a stop string (kept; ``"stop"``), or at ``max_new_tokens`` (``"length"``); otherwise the ids
+    unchanged with ``"length"`` if the server said so, else ``"stop"`` (a server-side stop we cannot see, such
+    as a stop token id configured on the server).
+    """
+    ids = list(token_ids)[:max_new_tokens]
+    eos_at = next((i for i, t in enumerate(ids) if t in eos_token_ids), None)
+    stop_end = first_stop_end(ids if eos_at is None else ids[:eos_at + 1], stop, decode)
+    if stop_end is not None and (eos_at is None or stop_end <= eos_at):
+        return ids[:stop_end], "stop"
+    if eos_at is not None:
+        return ids[:eos_at + 1], "eos"
+    if len(ids) >= max_new_tokens:
+        return ids, "length"
+    return ids, "length" if server_finish == "length" else "stop"
+
+
+def completion_body(req: GenerationRequest, model: str, flavor: str = "vllm", extra: dict | None = None) -> dict:
+    """JSON body of ``POST /v1/completions`` for one request.
+
+    Greedy requests send ``temperature: 0`` (plus ``top_k: 1`` where ``top_k`` is accepted, since some servers
+    treat ``temperature: 0`` only as a hint); sampled ones ``temperature``, ``top_p``, ``top_k`` (when > 0) and
+    ``seed``. ``stop`` is sent so the server can stop early; the client still cuts (:func:`finish_generation`).
+    """
+    ext = FLAVOR_EXTENSIONS[flavor]
+    s = req.sampling
+    body: dict = {"model": model, "prompt": list(req.prompt_ids), "max_tokens": int(req.max_new_tokens)}
+    if s.greedy:
+        body["temperature"] = 0.0
+        if "top_k" in ext:
+            body["top_k"] = 1
+    else:
+        body["temperature"] = float(s.temperature)
+        body["top_p"] = float(s.top_p)
+        if s.top_k > 0 and "top_k" in ext:
+            body["top_k"] = int(s.top_k)
+    if s.seed is not None:
+        body["seed"] = int(s.seed)
+    if req.stop:
+        body["stop"] = list(req.stop)
+        if "include_stop_str_in_output" in ext:
+            body["include_stop_str_in_output"] = True
+        if "no_stop_trim" in ext:
+            body["no_stop_trim"] = True
+    if "return_token_ids" in ext:
+        body["return_token_ids"] = True
+    if extra:
+        body.update(extra)
+    return body
+
+
+def _http_error_message(resp) -> str:
+    try:
+        data = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    err = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(err, dict):
+        msg = str(err.get("message") or err.get("detail") or err)
+        param = err.get("param")
+        if param and not msg.startswith(f"{param}:"):
+            msg = f"{param}: {msg}"
+        return msg
+    return str(err)
+
+
+#: Request-body field -> engine-interface field, for naming the field in client-side errors.
+_FIELD_TO_REQUEST = {"prompt": "prompt_ids", "max_tokens": "max_new_tokens"}
+
+
+class OpenAIEngine(TokenizerAccess):
+    """The Engine interface over an OpenAI-compatible completions server (see module docstring).
+
+    Raises:
+        ValueError: invalid config; OSError: the tokenizer folder cannot be read;
+        ConnectionError: ``model`` is None and ``GET /v1/models`` fails.
+    """
+
+    name = "openai"
+
+    def __init__(self, config: OpenAIEngineConfig) -> None:
+        import httpx
+        from transformers import AutoConfig
+
+        self.config = config
+        model_config = AutoConfig.from_pretrained(config.tokenizer)
+        self._load_tokenizer(config.tokenizer, model_config)
+        if config.context_length is not None:
+            self._context = config.context_length
+        base = config.url.rstrip("/")
+        self.base_url = base[:-3] if base.endswith("/v1") else base
+        key = os.environ.get(config.api_key_env) if config.api_key_env else None
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"openai-{id(self):x}", daemon=True)
+        self._thread.start()
+        limits = httpx.Limits(max_connections=config.max_connections,
+                              max_keepalive_connections=config.max_connections)
+
+        async def make_client():
+            return httpx.AsyncClient(base_url=self.base_url, timeout=config.timeout_s, limits=limits,
+                                     headers=self._headers)
+
+        self._client = self._run(make_client()).result()
+        self._inflight = 0
+        self._closed = False
+        self.model_name = config.model or self._first_model()
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+    def _run(self, coro) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _first_model(self) -> str:
+        async def get():
+            r = await self._client.get("/v1/models")
+            r.raise_for_status()
+            return r.json()
+
+        try:
+            data = self._run(get()).result(timeout=self.config.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - report what failed and where
+            raise ConnectionError(f"url: GET {self.base_url}/v1/models failed: {exc}") from exc
+        models = data.get("data") or []
+        if not models:
+            raise ConnectionError(f"url: {self.base_url}/v1/models lists no model; set `model`")
+        return str(models[0]["id"])
+
+    @property
+    def active_sequences(self) -> int:
+        """HTTP calls in flight from this client."""
+        return self._inflight
+
+    # -- generation -------------------------------------------------------------------------------------
+    def validate(self, req: GenerationRequest) -> None:
+        validate_request(req, self._vocab, self._context)
+
+    async def _one(self, req: GenerationRequest) -> GenerationResult:
+        t0 = time.perf_counter()
+        body = completion_body(req, self.model_name, self.config.flavor, self.config.extra_body)
+        self._inflight += 1
+        try:
+            resp = await self._client.post("/v1/completions", json=body)
+        finally:
+            self._inflight -= 1
+        if resp.status_code == 400 or resp.status_code == 422:
+            msg = _http_error_message(resp)
+            field, sep, rest = msg.partition(":")
+            if sep and field in _FIELD_TO_REQUEST:
+                msg = f"{_FIELD_TO_REQUEST[field]}:{rest}"
+            raise ValueError(msg)
+        if resp.status_code >= 400:
+            raise RuntimeError(f"{self.base_url}/v1/completions: HTTP {resp.status_code}: {_http_error_message(resp)}")
+        data = resp.json()
+        choice = data["choices"][0]
+        raw = choice.get("token_ids")
+        if raw is None:  # server without token ids: re-encode its text (approximate, see module docstring)
+            raw = self.encode(choice.get("text") or "")
+        ids, finish = finish_generation(raw, max_new_tokens=req.max_new_tokens, stop=req.stop,
+                                        eos_token_ids=self._eos, decode=self.decode,
+                                        server_finish=choice.get("finish_reason"))
+        usage = data.get("usage") or {}
+        cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+        prompt_tokens = int(usage.get("prompt_tokens") or len(req.prompt_ids))
+        counters = GenerationCounters(prefill_tokens_computed=max(0, prompt_tokens - cached),
+                                      prefill_tokens_cached=cached, seconds=time.perf_counter() - t0)
+        return GenerationResult(ids, self.decode(ids), finish, counters)  # type: ignore[arg-type]
+
+    async def _many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> Future:
+        """Validate, then start the HTTP calls; the future resolves to results in request order.
+
+        Raises:
+            ValueError: an invalid request (nothing is sent then); RuntimeError if the engine is closed.
+        """
+        requests = list(requests)
+        for r in requests:
+            self.validate(r)
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        return self._run(self._many(requests))
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Blocking: submit and wait."""
+        return self.submit(requests).result()
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Asyncio (any loop): submit and await; cancelling the awaiting task cancels the HTTP calls."""
+        fut = self.submit(requests)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._run(self._client.aclose()).result(timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+
+__all__ = ["FLAVOR_EXTENSIONS", "OpenAIEngine", "OpenAIEngineConfig", "completion_body", "finish_generation",
+           "first_stop_end", "validate_request"]
