@@ -1,4 +1,4 @@
-"""The OpenAI-compatible backend against our own HTTP server (serving_engine_http) over the portable engine.
+"""The OpenAI-compatible backend against our own HTTP server (serving.engine_http) over the portable engine.
 
 A real server on 127.0.0.1 (free port) serves a real small model (the tiny random Qwen3 of conftest.py and,
 when present, the demo target); the same greedy equivalence checks as tests/test_engine.py: OpenAI backend ==
@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
 from lookahead_reasoning.backends.openai_http import OpenAIEngine, OpenAIEngineConfig, completion_body
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.serving_engine_http import start_server
+from lookahead_reasoning.serving.engine_http import start_server
 
 from conftest import DEMO
 

@@ -1,5 +1,5 @@
 """Engine backend over an OpenAI-compatible ``/v1/completions`` server: trtllm-serve, vLLM, SGLang, or our own
-:mod:`lookahead_reasoning.serving_engine_http` (any of the three roles).
+:mod:`lookahead_reasoning.serving.engine_http` (any of the three roles).
 
 The orchestrator works on token ids, so each request sends its prompt as a list of token ids and reads the
 generated token ids back (vLLM's ``return_token_ids`` extension, our server, trtllm-serve's ``token_ids``

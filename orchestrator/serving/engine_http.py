@@ -22,7 +22,7 @@ Errors: invalid input -> HTTP 400 (404 for an unknown ``model``) with an OpenAI-
 server keeps serving. Streaming, ``n > 1``, ``logprobs``, ``echo``, ``suffix`` and penalties are refused with
 400 naming the field.
 
-Run: ``python -m lookahead_reasoning.serving_engine_http --model engines/demo/target --port 8001``.
+Run: ``python -m lookahead_reasoning.serving.engine_http --model engines/demo/target --port 8001``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .backends.base import GenerationRequest, SamplingParams
+from ..backends.base import GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ def start_server(engine, model_name: str = "model", host: str = "127.0.0.1", por
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lookahead_reasoning.serving_engine_http``: serve one portable-engine checkpoint."""
+    """``python -m lookahead_reasoning.serving.engine_http``: serve one portable-engine checkpoint."""
     import os
 
     import uvicorn
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     from .backends.portable import PortableEngine
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    p = argparse.ArgumentParser(prog="python -m lookahead_reasoning.serving_engine_http", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m lookahead_reasoning.serving.engine_http", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="checkpoint folder (portable engine)")
     p.add_argument("--served-model-name", default=None, help="name in /v1/models (default: folder name)")
