@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from .backends.portable import PortableEngine
+    from ..backends.portable import PortableEngine
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     p = argparse.ArgumentParser(prog="python -m lookahead_reasoning.serving.engine_http", description=__doc__,
