@@ -121,7 +121,7 @@ def main(argv=None) -> int:
 
             section(res, "b(n) Qwen3-32B ctx4096", b_of_n)
         engine.close()
-        del model, engine
+        model = engine = None  # free the weights before the next shape
         torch.cuda.empty_cache()
     section(res, "demo trio ar vs lr+sd", lambda: demo_trio(args.problems))
     Path(args.json).write_text(json.dumps(res, indent=2))

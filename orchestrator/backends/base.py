@@ -179,6 +179,29 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class FutureEngineMixin:
+    """``generate`` / ``agenerate`` for backends built on ``submit(requests) -> concurrent.futures.Future``.
+
+    Cancelling the task awaiting ``agenerate`` calls ``cancel(future)`` (override it to release engine state).
+    """
+
+    def cancel(self, fut) -> None:
+        fut.cancel()
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Blocking: submit and wait."""
+        return self.submit(requests).result()  # type: ignore[attr-defined]
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Asyncio (any loop): submit and await."""
+        fut = self.submit(requests)  # type: ignore[attr-defined]
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            self.cancel(fut)
+            raise
+
+
 def run_sync(coro):
     """Run ``coro`` to completion from synchronous code (fails inside a running event loop)."""
     return asyncio.run(coro)

@@ -33,7 +33,7 @@ from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import GenerationCounters, GenerationRequest, GenerationResult
+from .base import FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult
 from .tokenizer import TokenizerAccess
 
 Flavor = Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"]
@@ -195,7 +195,7 @@ def _http_error_message(resp) -> str:
 _FIELD_TO_REQUEST = {"prompt": "prompt_ids", "max_tokens": "max_new_tokens"}
 
 
-class OpenAIEngine(TokenizerAccess):
+class OpenAIEngine(FutureEngineMixin, TokenizerAccess):
     """The Engine interface over an OpenAI-compatible completions server (see module docstring).
 
     Raises:
@@ -307,19 +307,6 @@ class OpenAIEngine(TokenizerAccess):
         if self._closed:
             raise RuntimeError("engine is closed")
         return self._run(self._many(requests))
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Blocking: submit and wait."""
-        return self.submit(requests).result()
-
-    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Asyncio (any loop): submit and await; cancelling the awaiting task cancels the HTTP calls."""
-        fut = self.submit(requests)
-        try:
-            return await asyncio.wrap_future(fut)
-        except asyncio.CancelledError:
-            fut.cancel()
-            raise
 
     def close(self) -> None:
         if self._closed:

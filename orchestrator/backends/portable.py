@@ -21,9 +21,7 @@ for pre-built masks, so the same code serves Llama, Qwen2 and Qwen3 checkpoints.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import itertools
 import logging
 import threading
 import time
@@ -34,7 +32,7 @@ from typing import Literal, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .base import GenerationCounters, GenerationRequest, GenerationResult
+from .base import FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult
 from .kv_cache import BatchKVCache, PrefixCache
 from .spec_decode import make_warpers, ngram_propose, verify
 from .tokenizer import TokenizerAccess
@@ -106,7 +104,7 @@ class _Seq:
         return self.tokens[self.n_prompt:]
 
 
-class PortableEngine(TokenizerAccess):
+class PortableEngine(FutureEngineMixin, TokenizerAccess):
     """Batch generation engine over a transformers causal LM (see module docstring).
 
     Args:
@@ -235,19 +233,6 @@ class PortableEngine(TokenizerAccess):
             with self._cv:
                 group.cancelled = True
                 self._cv.notify()
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Blocking: submit and wait."""
-        return self.submit(requests).result()
-
-    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Asyncio: submit and await; cancelling the awaiting task cancels the requests."""
-        fut = self.submit(requests)
-        try:
-            return await asyncio.wrap_future(fut)
-        except asyncio.CancelledError:
-            self.cancel(fut)
-            raise
 
     def close(self) -> None:
         with self._cv:

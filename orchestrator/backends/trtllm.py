@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from typing import Any, Sequence
 
 from ..engine_specs import EngineSpec, llm_api_options
-from .base import GenerationCounters, GenerationRequest, GenerationResult
+from .base import FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult
 from .openai_http import finish_generation, first_stop_end, validate_request
 from .tokenizer import TokenizerAccess
 
@@ -140,7 +140,7 @@ def gpu_environment(spec: EngineSpec, replica: int = 0, environ: dict | None = N
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.replica_gpus(replica))}
 
 
-class TrtllmEngine(TokenizerAccess):
+class TrtllmEngine(FutureEngineMixin, TokenizerAccess):
     """The Engine interface over ``tensorrt_llm.LLM`` (see module docstring). NOT RUN IN CI.
 
     Args:
@@ -236,17 +236,6 @@ class TrtllmEngine(TokenizerAccess):
         if self._closed:
             raise RuntimeError("engine is closed")
         return asyncio.run_coroutine_threadsafe(self._many(requests), self._loop)
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        return self.submit(requests).result()
-
-    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        fut = self.submit(requests)
-        try:
-            return await asyncio.wrap_future(fut)
-        except asyncio.CancelledError:
-            fut.cancel()
-            raise
 
     def close(self) -> None:
         if self._closed:
