@@ -16,6 +16,8 @@ from transformers import AutoModelForCausalLM
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
 
+from conftest import DEMO
+
 NGRAM = SpecDecodeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3)
 DRAFT = SpecDecodeConfig(method="draft_model", num_speculative_tokens=3)
 TEXTS = [
@@ -26,24 +28,32 @@ TEXTS = [
 ]
 
 
+@pytest.fixture(scope="module", params=["tiny", "demo"])
+def model_dirs(request, tiny_model_dir, tiny_draft_dir):
+    """(target, draft) checkpoints: a random tiny Qwen3 pair, and the committed demo target and draft."""
+    if request.param == "tiny":
+        return str(tiny_model_dir), str(tiny_draft_dir)
+    return str(DEMO / "target"), str(DEMO / "draft")
+
+
 @pytest.fixture(scope="module")
-def engines(tiny_model_dir, tiny_draft_dir):
-    draft = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1)
-    target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, draft_engine=draft,
-                                            block_size=4)
-    nocache = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, prefix_cache=False)
+def engines(model_dirs):
+    target_dir, draft_dir = model_dirs
+    draft = PortableEngine.from_pretrained(draft_dir, num_threads=1)
+    target = PortableEngine.from_pretrained(target_dir, num_threads=1, draft_engine=draft, block_size=4)
+    nocache = PortableEngine.from_pretrained(target_dir, num_threads=1, prefix_cache=False)
     yield target, nocache
     for e in (target, nocache, draft):
         e.close()
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir):
+def reference(model_dirs):
     """Plain ``model.generate`` greedy continuations (no EOS stop), 24 new tokens each."""
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dirs[0]).eval()
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    tok = AutoTokenizer.from_pretrained(model_dirs[0])
     out = []
     for text in TEXTS:
         ids = tok.encode(text)
@@ -220,16 +230,16 @@ def test_sampling_with_speculation_is_seeded_and_counts(engines, reference, spec
     assert all(r.counters.accepted_tokens <= r.counters.drafted_tokens for r in a)
 
 
-def test_static_cache_mode_equals_dynamic(tiny_model_dir, reference):
+def test_static_cache_mode_equals_dynamic(model_dirs, reference):
     """The GPU mode's static, never-reallocated cache (run eagerly here: CUDA graphs need a GPU) gives the
     same greedy tokens as the dynamic cache, batched and with n-gram SD, including compaction."""
-    eng = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, static_cache=True,
+    eng = PortableEngine.from_pretrained(model_dirs[0], num_threads=1, static_cache=True,
                                          static_cache_tokens=160, max_batch_size=8, compact_slack=8)
     try:
         for spec in (SpecDecodeConfig(), NGRAM):
             res = eng.generate(_reqs(reference, spec))
             assert [r.token_ids for r in res] == [_truncate_at_eos(eng, ref) for _, ref in reference]
         with pytest.raises(ValueError, match="cuda_graphs"):
-            PortableEngine.from_pretrained(str(tiny_model_dir), cuda_graphs=True, static_cache=True)
+            PortableEngine.from_pretrained(model_dirs[0], cuda_graphs=True, static_cache=True)
     finally:
         eng.close()
