@@ -23,7 +23,6 @@ Poisson arrivals (open loop, unbounded in flight): exponential gaps with mean ``
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import sys
 import time
@@ -338,20 +337,9 @@ async def _bench_with_client(args, config: BenchConfig, items: list[EvalItem]) -
     from lookahead_reasoning.serving.client import TritonLRClient
 
     client = TritonLRClient(args.url, args.protocol)
-    try:
-        profile = client.server_profile()
-        if inspect.isawaitable(profile):
-            profile = await profile
-        params = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-        doc = await run_bench(client_send(client, **params), items, config, progress=not args.no_progress)
-    finally:
-        for name in ("aclose", "close"):
-            closer = getattr(client, name, None)
-            if closer is not None:
-                res = closer()
-                if inspect.isawaitable(res):
-                    await res
-                break
+    profile = await client.server_profile()
+    params = {"max_tokens": args.max_tokens} if args.max_tokens else {}
+    doc = await run_bench(client_send(client, **params), items, config, progress=not args.no_progress)
     return {"server_profile": profile, **doc}
 
 
