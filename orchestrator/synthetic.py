@@ -355,10 +355,10 @@ class _Level:
 
 
 _LEVELS = {
-    1: _Level((2, 3), (2, 5), (2, 9), (1, 9), 150),
-    2: _Level((2, 5), (2, 6), (2, 15), (1, 30), 600),
-    3: _Level((3, 6), (2, 9), (2, 25), (1, 60), 2000),
-    4: _Level((4, 8), (2, 9), (2, 50), (1, 99), 5000),
+    1: _Level((2, 3), (2, 5), (2, 9), (1, 9), 60),
+    2: _Level((2, 5), (2, 5), (2, 12), (1, 20), 100),
+    3: _Level((3, 6), (2, 9), (2, 25), (1, 50), 500),
+    4: _Level((4, 8), (2, 9), (2, 50), (1, 99), 2000),
     5: _Level((5, 8), (2, 9), (2, 99), (1, 250), 9999),
 }
 
@@ -620,8 +620,8 @@ def generate_problems(n: int, seed: int, difficulty: int = DEFAULT_DIFFICULTY) -
         seed: int; the same ``(n, seed, difficulty)`` always yields the same problems, and the first ``k``
             problems of a call do not depend on ``n``.
         difficulty: level in :data:`DIFFICULTIES` (default :data:`DEFAULT_DIFFICULTY`): step-count range
-            (1: 2-3, 2: 2-5, 3: 3-6, 4: 4-8, 5: 5-8) and number magnitudes (running values stay <= 150,
-            600, 2000, 5000, 9999).
+            (1: 2-3, 2: 2-5, 3: 3-6, 4: 4-8, 5: 5-8) and number magnitudes (running values stay <= 60,
+            100, 500, 2000, 9999).
 
     Returns:
         list[:class:`Problem`] of length ``n``.

@@ -1,0 +1,1153 @@
+#!/usr/bin/env python
+"""Train the demo draft / target / judge trio on the synthetic reasoning task and evaluate it.
+
+Reproduces ``engines/demo/{target,draft,judge}`` from a seed: a byte-level BPE tokenizer (shared by the
+three models), a Qwen3 target (~2.5M parameters, 12 layers), a Qwen3 draft (2 layers, <= 1/10 of the
+target's parameters) and a Qwen3 judge (4 layers) that answers ``[aligned]`` / ``[unaligned]`` after the
+fixed judge prompt (``lookahead_reasoning.judge_prompt``). Models train in fp32 (bf16 autocast only if a
+start-up micro-benchmark shows it is faster on this machine), are saved as fp16 safetensors whose config
+says ``dtype: float32`` (so a plain ``from_pretrained`` computes in fp32), and are evaluated from the
+saved files. Results go to ``<out>/eval.json`` and the model card ``<out>/README.md``.
+
+Usage::
+
+    nice -n 10 python build_scripts/train_demo_models.py --out engines/demo            # full run (~90 min CPU)
+    python build_scripts/train_demo_models.py --out /tmp/demo --quick                  # smoke run (~3 min)
+    python build_scripts/train_demo_models.py --out engines/demo --eval-only           # re-evaluate
+
+Budgets: every model trains until its step budget OR its time budget is used up, whichever comes first;
+the learning-rate schedule follows ``progress = max(step / steps, elapsed / time budget)``, so a run
+bounded by steps (a fast machine) is deterministic per seed, and one bounded by time (a slow one) still
+finishes its schedule in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # allow running from a checkout without installing
+    sys.path.insert(0, str(REPO))
+
+try:
+    from lookahead_reasoning import synthetic as syn
+    from lookahead_reasoning.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
+except ImportError:  # a checkout without `pip install -e .`: import the package folder under its name
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("lookahead_reasoning", REPO / "orchestrator" / "__init__.py",
+                                                   submodule_search_locations=[str(REPO / "orchestrator")])
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules["lookahead_reasoning"] = _mod
+    _spec.loader.exec_module(_mod)
+    from lookahead_reasoning import synthetic as syn
+    from lookahead_reasoning.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
+
+GSM8K_TEST = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+PAD, BOS_CHAT, EOS = SPECIAL_TOKENS
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Training mix of difficulties (evaluation uses syn.DEFAULT_DIFFICULTY only).
+DIFFICULTY_MIX = {1: 0.25, 2: 0.65, 3: 0.1}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass
+class ModelSpec:
+    """Shape of one Qwen3 checkpoint (head_dim 32, tied embeddings, RoPE, max 1024 positions)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    head_dim: int = 32
+
+
+TARGET_SPEC = ModelSpec(128, 12, 4, 2, 384)
+DRAFT_SPEC = ModelSpec(80, 2, 2, 1, 256)
+JUDGE_SPEC = ModelSpec(128, 4, 4, 2, 384)
+
+
+@dataclass
+class TrainBudget:
+    """Stop at ``steps`` optimizer steps or ``minutes`` of wall time, whichever comes first."""
+
+    steps: int
+    minutes: float
+    lr: float
+    batch_size: int
+    warmup_steps: int = 100
+
+
+def derive_seed(seed: int, *tags: object) -> int:
+    """A sub-seed for one purpose (deterministic; never one of the reserved held-out seeds)."""
+    h = hashlib.sha256(":".join([str(seed), *map(str, tags)]).encode()).digest()
+    s = int.from_bytes(h[:4], "little") % 1_000_000_000
+    assert not syn.is_reserved_seed(s)
+    return s
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def tokenizer_corpus(seed: int, quick: bool) -> tuple[list[str], list[str]]:
+    """(task texts, other texts) the BPE is trained on.
+
+    Task texts: problems of every difficulty, judge prompts, chat-template words. Other texts: GSM8K train
+    questions and answers (when present), which fill the rest of the vocabulary so the tokenizer is not
+    degenerate on text outside the task; GSM8K is never used as model training data.
+    """
+    from lookahead_reasoning.judge_prompt import judge_user_message
+
+    n = 300 if quick else 3000
+    task: list[str] = []
+    for d in syn.DIFFICULTIES:
+        for p in syn.generate_problems(n, derive_seed(seed, "tok", d), d):
+            task += [p.question, p.solution]
+    for a, b, _ in syn.generate_step_pairs(n, derive_seed(seed, "tok-pairs")):
+        task += [judge_user_message(a, b), f"user\nassistant\n[{ALIGNED}] [{UNALIGNED}]"]
+    other: list[str] = []
+    if GSM8K_TRAIN.exists():
+        with open(GSM8K_TRAIN) as f:
+            for line in f:
+                row = json.loads(line)
+                other += [row["question"], row["answer"]]
+    return task, other
+
+
+def build_tokenizer(seed: int, vocab_size: int, quick: bool):
+    """Train the shared tokenizer.
+
+    Byte-level BPE (``tokenizers``) with pre-tokenizers: ``"\\n\\n"`` isolated (so the step delimiter is
+    one token that never merges with neighbours), every digit its own token, then GPT-2 byte-level
+    splitting. Special tokens ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (EOS); a ChatML
+    chat template. Returns a ``PreTrainedTokenizerFast``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(syn.STEP_DELIMITER, behavior="isolated"),
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    task, other = tokenizer_corpus(seed, quick)
+    # Task text three times so its words win the merges over GSM8K text.
+    tk.train_from_iterator(task * 3 + other, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token=EOS, pad_token=PAD, unk_token=None, bos_token=None,
+        additional_special_tokens=[BOS_CHAT], model_max_length=1024,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    check_tokenizer(tok)
+    return tok
+
+
+def check_tokenizer(tok) -> dict:
+    """Assert the properties the product relies on; returns facts for the model card."""
+    delim = tok.encode(syn.STEP_DELIMITER, add_special_tokens=False)
+    assert len(delim) == 1, f"'\\n\\n' must be one token, got {delim}"
+    ids = tok.encode("It is 12 x 3 = 36.\n\nThat makes 36 + 4 = 40.\n\n#### 40", add_special_tokens=False)
+    assert ids.count(delim[0]) == 2, "'\\n\\n' merged with neighbouring text"
+    assert all(len(tok.encode(d, add_special_tokens=False)) == 1 for d in "0123456789")
+    assert tok.encode("123", add_special_tokens=False) == [tok.convert_tokens_to_ids(c) for c in "123"]
+    a, u = verdict_token_ids(tok)  # raises if they share the first token
+    single = all(len(tok.encode(ASSISTANT_PREFILL + w, add_special_tokens=False)) == 2 for w in (ALIGNED, UNALIGNED))
+    assert tok.eos_token == EOS and tok.pad_token == PAD
+    return {"vocab_size": len(tok), "delimiter_id": delim[0], "aligned_id": a, "unaligned_id": u,
+            "verdicts_single_token": single}
+
+
+def chat_prompt_ids(tok, question: str) -> list[int]:
+    """Token ids of the chat prompt holding ``question`` (ends with the assistant header)."""
+    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Models
+
+
+def make_model(spec: ModelSpec, tok, seed: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=len(tok), hidden_size=spec.hidden_size, num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim, intermediate_size=spec.intermediate_size, max_position_embeddings=1024,
+        tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6,
+        bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids(EOS), pad_token_id=tok.convert_tokens_to_ids(PAD),
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    return model
+
+
+def n_params(model) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def save_checkpoint(model, tok, path: Path, dtype: torch.dtype = torch.float16) -> None:
+    """Save weights in ``dtype`` (fp16) with tokenizer and generation config; config.json says float32."""
+    from transformers import GenerationConfig
+
+    path.mkdir(parents=True, exist_ok=True)
+    m = model.to("cpu")
+    state_dtype = next(m.parameters()).dtype
+    m.to(dtype)
+    m.generation_config = GenerationConfig(
+        eos_token_id=tok.convert_tokens_to_ids(EOS), pad_token_id=tok.convert_tokens_to_ids(PAD),
+        do_sample=False, max_new_tokens=256,
+    )
+    m.save_pretrained(path, safe_serialization=True)
+    m.to(state_dtype)
+    # Stored in fp16 (small), but computed in fp32 by default: small models decode faster in fp32 on CPU.
+    cfg_path = path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["dtype"] = "float32"
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    tok.save_pretrained(path)
+    # The generic fast-tokenizer class name (transformers 5 maps it to its TokenizersBackend).
+    tc_path = path / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tc_path.write_text(json.dumps(tc, indent=2) + "\n")
+
+
+def load_checkpoint(path: Path, device: str = "cpu"):
+    """(model in fp32, eval mode; tokenizer) from a saved folder, offline."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tok
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data
+
+
+def lm_example(tok, problem: syn.Problem, eos_id: int) -> tuple[list[int], list[int]]:
+    """(input ids, labels) for one problem: chat prompt (no loss) + solution + EOS (loss)."""
+    prompt = chat_prompt_ids(tok, problem.question)
+    answer = tok.encode(problem.solution, add_special_tokens=False) + [eos_id]
+    return prompt + answer, [-100] * len(prompt) + answer
+
+
+def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad (ids, labels) rows into (B, T) int64 tensors (labels -100 on padding)."""
+    t = max(len(r[0]) for r in rows)
+    t = -(-t // 16) * 16  # few distinct shapes: CPU kernels are set up per shape
+    ids = torch.full((len(rows), t), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), t), -100, dtype=torch.long)
+    for i, (x, y) in enumerate(rows):
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(y)] = torch.tensor(y)
+    return ids, labels
+
+
+def drill_expression(rng: random.Random) -> str:
+    """One random arithmetic fact ``"a op b = r"`` with operands like the problems' (mostly difficulty <= 3)."""
+    u = rng.random()  # mostly the default difficulty's magnitudes, sometimes those of 3-5
+    op = rng.choice("+-x/")
+    top = 100 if u < 0.6 else (500 if u < 0.85 else 9999)
+    big = top > 500
+    if op == "x":
+        if rng.random() < 0.6:
+            a, b = rng.randint(2, 9), rng.randint(2, 99 if big else (12 if top == 100 else 25))
+        else:
+            a, b = rng.choice((2, 3)), rng.randint(2, top // 3)
+        if rng.random() < 0.5:
+            a, b = b, a
+        return f"{a} x {b} = {a * b}"
+    if op == "/":
+        k = rng.randint(2, 9)
+        q = rng.randint(2, top // k)
+        return f"{k * q} / {k} = {q}"
+    a = rng.randint(1, top)
+    b = rng.randint(1, min(top, rng.choice((9, 20, 50, 99, top))))
+    if op == "+":
+        a, b = (a, b) if rng.random() < 0.5 else (b, a)
+        return f"{a} + {b} = {a + b}"
+    a, b = max(a, b), min(a, b)
+    return f"{a} - {b} = {a - b}"
+
+
+def drill_example(tok, rng: random.Random, max_tokens: int = 128) -> tuple[list[int], list[int]]:
+    """A packed row of arithmetic facts, one per line (``"\n"``-separated, never ``"\n\n"``), no chat
+    template. Loss on the result digits and the line end only (the operands are random)."""
+    ids: list[int] = []
+    labels: list[int] = []
+    while True:
+        expr = drill_expression(rng)
+        head, res = expr.split(" = ")
+        a = tok.encode(head + " =", add_special_tokens=False)
+        b = tok.encode(" " + res + "\n", add_special_tokens=False)
+        if len(ids) + len(a) + len(b) > max_tokens:
+            return ids, labels
+        ids += a + b
+        labels += [-100] * len(a) + b
+
+
+def problem_batches(tok, seed: int, batch_size: int, chunk_batches: int = 16,
+                    drill_every: int = 3) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless stream of training batches: fresh problems (difficulty mix), length-bucketed; every
+    ``drill_every``-th batch (0: never) is packed arithmetic facts instead (:func:`drill_example`)."""
+    rng = random.Random(seed)
+    eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
+    levels, weights = zip(*DIFFICULTY_MIX.items())
+    chunk = 0
+    n = 0
+    while True:
+        rows = []
+        for i in range(batch_size * chunk_batches):
+            d = rng.choices(levels, weights)[0]
+            p = syn.generate_problems(1, derive_seed(seed, "train", chunk, i), d)[0]
+            rows.append(lm_example(tok, p, eos_id))
+        rows.sort(key=lambda r: len(r[0]))
+        batches = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
+        rng.shuffle(batches)
+        for b in batches:
+            n += 1
+            if drill_every and n % drill_every == 0:
+                yield pad_batch([drill_example(tok, rng) for _ in range(batch_size)], pad_id)
+            yield pad_batch(b, pad_id)
+        chunk += 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training
+
+
+def pick_autocast(model, device: str, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.dtype | None:
+    """bf16 autocast if it is measurably faster than fp32 here (CUDA with bf16: always), else None."""
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    import copy
+
+    ids, labels = batch
+    ids, labels = ids[:8], labels[:8]
+
+    def timed(dtype) -> float:
+        m = copy.deepcopy(model).train()
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                loss = m(input_ids=ids, labels=labels).loss
+            loss.backward()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    t32, t16 = timed(None), timed(torch.bfloat16)
+    choice = torch.bfloat16 if t16 < 0.8 * t32 else None
+    tqdm.write(f"  autocast micro-benchmark: fp32 {t32 * 1e3:.0f} ms, bf16 {t16 * 1e3:.0f} ms per step -> "
+               f"{'bf16 autocast' if choice else 'fp32'}")
+    return choice
+
+
+def train_lm(model, batches: Iterator, budget: TrainBudget, device: str, desc: str,
+             dev_eval: Callable[[], str] | None = None, dev_every_s: float = 600.0, dev_every_steps: int = 0,
+             loss_fn: Callable | None = None) -> dict:
+    """AdamW + linear warmup + cosine decay (to 10%) over ``progress = max(step/steps, time/minutes)``.
+
+    Args:
+        loss_fn: ``(model, batch) -> (loss, tokens)``; default: causal LM loss on ``labels``.
+    Returns:
+        dict of training facts (steps, seconds, tokens, final loss, autocast dtype).
+    """
+    model.to(device).train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=budget.lr, betas=(0.9, 0.98), eps=1e-8)
+    first = next(batches)
+
+    def default_loss(m, batch):
+        ids, labels = (t.to(device) for t in batch)
+        return m(input_ids=ids, labels=labels).loss, int(ids.numel())
+
+    loss_fn = loss_fn or default_loss
+    amp = pick_autocast(model, device, first) if loss_fn is default_loss else (
+        torch.bfloat16 if device.startswith("cuda") else None)
+    t0 = time.perf_counter()
+    last_dev = t0
+    step, tokens, ema = 0, 0, None
+    # On a shared CPU, a 2-thread OpenMP job stalls badly when another process takes a core: every
+    # `probe_every` steps, time a few steps at 1 thread and at `max_threads`, then keep the faster.
+    max_threads = torch.get_num_threads()
+    probe_every, probe_len = 60, 3
+    probe_rates: dict[int, list[float]] = {}
+    threads_used: dict[int, int] = {}
+    bar = tqdm(total=budget.steps, desc=desc, unit="step", dynamic_ncols=True, mininterval=2.0)
+    batch = first
+    while True:
+        elapsed = time.perf_counter() - t0
+        progress = max(step / budget.steps, elapsed / (budget.minutes * 60))
+        if progress >= 1.0:
+            break
+        lr = budget.lr * min(1.0, (step + 1) / budget.warmup_steps) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        phase = step % probe_every
+        if device == "cpu" and max_threads > 1 and phase < 2 * probe_len:
+            torch.set_num_threads(1 if phase < probe_len else max_threads)
+        elif device == "cpu" and max_threads > 1 and phase == 2 * probe_len:
+            r1, r2 = (sum(probe_rates.get(k, [0.0])) for k in (1, max_threads))
+            torch.set_num_threads(1 if r1 > r2 else max_threads)
+            probe_rates.clear()
+        t_step = time.perf_counter()
+        with torch.autocast(device.split(":")[0], dtype=amp or torch.float32, enabled=amp is not None):
+            loss, ntok = loss_fn(model, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        nt = torch.get_num_threads()
+        threads_used[nt] = threads_used.get(nt, 0) + 1
+        if phase < 2 * probe_len and phase > 0:  # (phase 0 may include a shape warm-up)
+            probe_rates.setdefault(nt, []).append(ntok / (time.perf_counter() - t_step))
+        step += 1
+        tokens += ntok
+        lv = float(loss)
+        ema = lv if ema is None else 0.98 * ema + 0.02 * lv
+        bar.update(1)
+        bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens / max(1e-9, time.perf_counter() - t0):.0f}",
+                        thr=nt)
+        due = (step % dev_every_steps == 0) if dev_every_steps else (time.perf_counter() - last_dev > dev_every_s)
+        if dev_eval is not None and due:
+            model.eval()
+            tqdm.write(f"  [{desc}] step {step} {time.perf_counter() - t0:.0f}s loss {ema:.4f} | {dev_eval()}")
+            model.train()
+            last_dev = time.perf_counter()
+        batch = next(batches)
+    bar.close()
+    torch.set_num_threads(max_threads)
+    seconds = time.perf_counter() - t0
+    model.eval()
+    return {"steps": step, "seconds": round(seconds, 1), "tokens": tokens, "final_loss_ema": round(ema or 0.0, 4),
+            "tokens_per_second": round(tokens / seconds, 1), "autocast": str(amp) if amp else "fp32",
+            "lr": budget.lr, "batch_size": budget.batch_size, "budget_steps": budget.steps,
+            "budget_minutes": budget.minutes, "stopped_by": "steps" if step >= budget.steps else "time",
+            "steps_by_threads": threads_used}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Generation helpers (greedy, batched, left padding)
+
+
+@torch.inference_mode()
+def greedy_generate(model, prompts: Sequence[Sequence[int]], pad_id: int, stop_ids: Sequence[int],
+                    max_new_tokens: int, batch_size: int = 64, desc: str | None = None) -> list[list[int]]:
+    """Greedy continuations of ``prompts`` (lists of ids), each cut after its first stop id (kept).
+
+    Batched HF ``generate`` with left padding; prompts are sorted by length to limit padding.
+    Returns new token ids per prompt, in input order.
+    """
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[list[int]] = [[] for _ in prompts]
+    stop = set(stop_ids)
+    it = range(0, len(order), batch_size)
+    for s in (tqdm(it, desc=desc, leave=False, dynamic_ncols=True) if desc else it):
+        idx = order[s: s + batch_size]
+        t = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), t), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), t), dtype=torch.long)
+        for r, i in enumerate(idx):
+            p = list(prompts[i])
+            ids[r, t - len(p):] = torch.tensor(p)
+            mask[r, t - len(p):] = 1
+        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=list(stop), pad_token_id=pad_id)
+        for r, i in enumerate(idx):
+            new = gen[r, t:].tolist()
+            cut = next((k + 1 for k, x in enumerate(new) if x in stop), len(new))
+            out[i] = new[:cut]
+    return out
+
+
+def strip_special(tok, ids: Sequence[int]) -> str:
+    return tok.decode(list(ids), skip_special_tokens=True)
+
+
+def solve(model, tok, problems: Sequence[syn.Problem], batch_size: int = 64, max_new_tokens: int = 160,
+          desc: str | None = None) -> list[str]:
+    """Greedy full solutions (text, special tokens dropped) for ``problems``."""
+    prompts = [chat_prompt_ids(tok, p.question) for p in problems]
+    eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
+    outs = greedy_generate(model, prompts, pad_id, [eos_id], max_new_tokens, batch_size, desc)
+    return [strip_special(tok, o) for o in outs]
+
+
+def accuracy(texts: Sequence[str], answers: Sequence[int]) -> tuple[float, float]:
+    """(fraction correct, standard error)."""
+    n = len(answers)
+    k = sum(syn.extract_answer(t) == a for t, a in zip(texts, answers))
+    p = k / max(1, n)
+    return p, math.sqrt(p * (1 - p) / max(1, n))
+
+
+def step_prompts(tok, problems: Sequence[syn.Problem], include_final: bool = True) -> list[tuple[int, int, list[int]]]:
+    """(problem index, step position, prompt ids = chat prompt + gold steps before the position)."""
+    rows = []
+    for i, p in enumerate(problems):
+        head = chat_prompt_ids(tok, p.question)
+        for j in range(len(p.steps) + (1 if include_final else 0)):
+            rows.append((i, j, head + tok.encode(p.prefix(j), add_special_tokens=False)))
+    return rows
+
+
+def next_steps(model, tok, prompts: Sequence[list[int]], batch_size: int = 128, desc: str | None = None) -> list[list[int]]:
+    """One greedy step per prompt: tokens up to and including ``"\\n\\n"`` or EOS (max 40 tokens)."""
+    eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
+    delim = tok.convert_tokens_to_ids(tok.tokenize(syn.STEP_DELIMITER))[0]
+    return greedy_generate(model, prompts, pad_id, [eos_id, delim], 40, batch_size, desc)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Judge data and training
+
+
+def judge_answer_ids(tok, verdict: str) -> list[int]:
+    """Tokens after the pre-filled ``[``: the verdict word, ``]``, EOS."""
+    base = tok.encode(ASSISTANT_PREFILL, add_special_tokens=False)
+    full = tok.encode(ASSISTANT_PREFILL + verdict + "]", add_special_tokens=False)
+    assert full[: len(base)] == base
+    return full[len(base):] + [tok.convert_tokens_to_ids(EOS)]
+
+
+@dataclass
+class JudgeExample:
+    """One judge sequence: prompt ids (ending with ``[``), answer ids (verdict, ``]``, EOS), label."""
+
+    prompt: list[int]
+    answer: list[int]
+    aligned: bool
+    source: str = "synthetic"
+
+
+def judge_examples(tok, pairs: Sequence[tuple[str, str, bool]], source: str) -> list[JudgeExample]:
+    ans = {True: judge_answer_ids(tok, ALIGNED), False: judge_answer_ids(tok, UNALIGNED)}
+    return [JudgeExample(build_judge_ids(tok, a, b), ans[bool(y)], bool(y), source) for a, b, y in pairs]
+
+
+def judge_prefix_len(tok) -> int:
+    """Length of the constant judge-prompt head (identical for every pair)."""
+    x = build_judge_ids(tok, "1 + 1 = 2.", "3 + 4 = 7.")
+    y = build_judge_ids(tok, "Now 9 x 9 = 81 apples.", "That is 5 - 2 = 3.")
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    return n
+
+
+def judge_batches(examples: Sequence[JudgeExample], seed: int, batch_size: int, prefix_len: int, pad_id: int,
+                  neg_weight: float) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Endless shuffled batches: (constant prefix (P,), suffix ids (B,T), labels (B,T), loss weights (B,T))."""
+    rng = random.Random(seed)
+    prefix = torch.tensor(examples[0].prompt[:prefix_len])
+    while True:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        for s in range(0, len(order) - batch_size + 1, batch_size):
+            rows = [examples[i] for i in order[s: s + batch_size]]
+            t = max(len(r.prompt) + len(r.answer) for r in rows) - prefix_len
+            ids = torch.full((len(rows), t), pad_id, dtype=torch.long)
+            labels = torch.full((len(rows), t), -100, dtype=torch.long)
+            w = torch.zeros((len(rows), t))
+            for i, r in enumerate(rows):
+                seq = r.prompt[prefix_len:] + r.answer
+                ids[i, : len(seq)] = torch.tensor(seq)
+                a0 = len(r.prompt) - prefix_len
+                # predict answer token k at position a0 - 1 + k
+                for k, tid in enumerate(r.answer):
+                    labels[i, a0 - 1 + k] = tid
+                    w[i, a0 - 1 + k] = (1.0 if r.aligned else neg_weight) * (1.0 if k == 0 else 0.2)
+            yield prefix, ids, labels, w
+
+
+def judge_loss_fn(device: str):
+    """Weighted CE on the answer tokens; the constant prompt head runs once per batch (shared KV)."""
+    from transformers import DynamicCache
+
+    def fn(model, batch):
+        prefix, ids, labels, w = (t.to(device) for t in batch)
+        b = ids.shape[0]
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prefix[None], past_key_values=cache, use_cache=True)
+        for layer in cache.layers:
+            layer.keys = layer.keys.expand(b, -1, -1, -1)
+            layer.values = layer.values.expand(b, -1, -1, -1)
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                               reduction="none")
+        loss = (ce * w.flatten()).sum() / w.sum().clamp_min(1e-6)
+        return loss, int(ids.numel() + prefix.numel())
+
+    return fn
+
+
+@torch.inference_mode()
+def judge_verdicts(model, tok, pairs: Sequence[tuple[str, str]], batch_size: int = 128) -> list[bool]:
+    """The judge's verdict (True = aligned) per (target step, draft step): argmax of the one token read
+    after the pre-filled ``[`` is the ``aligned`` token."""
+    a_id, _ = verdict_token_ids(tok)
+    pad_id = tok.convert_tokens_to_ids(PAD)
+    device = next(model.parameters()).device
+    prompts = [build_judge_ids(tok, a, b) for a, b in pairs]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out = [False] * len(prompts)
+    for s in range(0, len(order), batch_size):
+        idx = order[s: s + batch_size]
+        t = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), t), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), t), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, t - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[r, t - len(prompts[i]):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device)).logits[:, -1]
+        top = logits.argmax(-1).tolist()
+        for r, i in enumerate(idx):
+            out[i] = top[r] == a_id
+    return out
+
+
+def binary_metrics(pred: Sequence[bool], gold: Sequence[bool]) -> dict:
+    tp = sum(p and g for p, g in zip(pred, gold))
+    fp = sum(p and not g for p, g in zip(pred, gold))
+    fn = sum((not p) and g for p, g in zip(pred, gold))
+    tn = sum((not p) and (not g) for p, g in zip(pred, gold))
+    n = len(gold)
+    return {"n": n, "positives": tp + fn, "precision": tp / max(1, tp + fp), "recall": tp / max(1, tp + fn),
+            "accuracy": (tp + tn) / max(1, n), "tp": tp, "fp": fp, "fn": fn, "tn": tn}
+
+
+def real_pairs(target, draft, tok, problems: Sequence[syn.Problem], batch_size: int = 128,
+               desc: str = "steps") -> list[dict]:
+    """Draft and target each write one step from every gold prefix of ``problems``.
+
+    Returns one dict per (problem, position): target/draft token ids and texts, exact (token-identical),
+    semantic (:func:`steps_equivalent`), and each one's agreement with the gold step.
+    """
+    rows = step_prompts(tok, problems, include_final=True)
+    prompts = [r[2] for r in rows]
+    t_out = next_steps(target, tok, prompts, batch_size, desc=f"{desc}: target")
+    d_out = next_steps(draft, tok, prompts, batch_size, desc=f"{desc}: draft")
+    res = []
+    for (i, j, _), t_ids, d_ids in zip(rows, t_out, d_out):
+        p = problems[i]
+        gold = p.steps[j] if j < len(p.steps) else p.answer_line
+        tt, dt = strip_special(tok, t_ids).strip(), strip_special(tok, d_ids).strip()
+        res.append({"problem": i, "position": j, "final": j == len(p.steps), "target": tt, "draft": dt,
+                    "exact": t_ids == d_ids, "semantic": syn.steps_equivalent(tt, dt),
+                    "target_gold": syn.steps_equivalent(tt, gold), "draft_gold": syn.steps_equivalent(dt, gold),
+                    "target_exact_gold": tt == gold, "draft_exact_gold": dt == gold})
+    return res
+
+
+# ----------------------------------------------------------------------------------------------------
+# Speed
+
+
+@torch.inference_mode()
+def decode_speed(model, prompt: Sequence[int], batch: int, new_tokens: int = 64, repeats: int = 3) -> float:
+    """Decode tokens/s (all sequences together) of a plain forward loop with a DynamicCache (greedy,
+    EOS ignored), after a prefill of ``prompt`` per sequence; best of ``repeats`` runs."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([list(prompt)] * batch)
+    best = float("inf")
+    for _ in range(repeats):
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        nxt = out.logits[:, -1:].argmax(-1)
+        for _ in range(3):  # warm-up steps
+            nxt = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        t = time.perf_counter()
+        for _ in range(new_tokens):
+            nxt = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        best = min(best, time.perf_counter() - t)
+    return batch * new_tokens / best
+
+
+# ----------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
+    """Evaluate the SAVED checkpoints under ``out`` (loaded in fp32). Returns the results dict."""
+    n_eval = 60 if quick else 500
+    res: dict = {}
+    target, tok = load_checkpoint(out / "target", device)
+    draft, _ = load_checkpoint(out / "draft", device)
+    judge, _ = load_checkpoint(out / "judge", device)
+    res["parameters"] = {"target": n_params(target), "draft": n_params(draft), "judge": n_params(judge)}
+    res["parameters"]["draft_over_target"] = res["parameters"]["draft"] / res["parameters"]["target"]
+    res["tokenizer"] = check_tokenizer(tok)
+    sizes = {k: sum(f.stat().st_size for f in (out / k).iterdir()) for k in ("target", "draft", "judge")}
+    res["size_bytes"] = {**sizes, "total": sum(sizes.values())}
+
+    problems = syn.generate_problems(n_eval, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY)
+    answers = [p.answer for p in problems]
+    t_txt = solve(target, tok, problems, desc="eval: target solves")
+    d_txt = solve(draft, tok, problems, desc="eval: draft solves")
+    (acc_t, se_t), (acc_d, se_d) = accuracy(t_txt, answers), accuracy(d_txt, answers)
+    res["accuracy"] = {"n": n_eval, "seed": syn.EVAL_SEED, "difficulty": syn.DEFAULT_DIFFICULTY,
+                       "target": acc_t, "target_se": se_t, "draft": acc_d, "draft_se": se_d,
+                       "target_exact_solution": sum(t == p.solution for t, p in zip(t_txt, problems)) / n_eval}
+    # accuracy by difficulty (not a must-show; small samples)
+    by_d = {}
+    for d in syn.DIFFICULTIES:
+        ps = syn.generate_problems(40 if quick else 100, syn.EVAL_SEED + d, d)
+        by_d[d] = accuracy(solve(target, tok, ps, desc=f"eval: target d{d}"), [p.answer for p in ps])[0]
+    res["accuracy"]["target_by_difficulty_n100"] = by_d
+
+    pairs = real_pairs(target, draft, tok, problems, desc="eval: step agreement")
+    steps_only = [r for r in pairs if not r["final"]]
+    finals = [r for r in pairs if r["final"]]
+    mean = lambda rows, k: sum(r[k] for r in rows) / max(1, len(rows))  # noqa: E731
+    res["step_agreement"] = {
+        "n_steps": len(steps_only), "exact": mean(steps_only, "exact"), "semantic": mean(steps_only, "semantic"),
+        "target_vs_gold_semantic": mean(steps_only, "target_gold"), "draft_vs_gold_semantic": mean(steps_only, "draft_gold"),
+        "target_vs_gold_exact": mean(steps_only, "target_exact_gold"), "draft_vs_gold_exact": mean(steps_only, "draft_exact_gold"),
+        "n_final_lines": len(finals), "final_exact": mean(finals, "exact"), "final_semantic": mean(finals, "semantic"),
+    }
+    sa = res["step_agreement"]
+    sa["semantic_over_exact"] = sa["semantic"] / max(1e-9, sa["exact"])
+
+    # judge: held-out synthetic pairs + held-out real (target step, draft step) pairs
+    syn_pairs = syn.generate_step_pairs(400 if quick else 4000, syn.JUDGE_EVAL_SEED)
+    v_syn = judge_verdicts(judge, tok, [(a, b) for a, b, _ in syn_pairs])
+    res["judge_synthetic"] = binary_metrics(v_syn, [y for _, _, y in syn_pairs])
+    v = judge_verdicts(judge, tok, [(r["target"], r["draft"]) for r in pairs])
+    gold = [r["semantic"] for r in pairs]
+    res["judge_real"] = binary_metrics(v, gold)
+    nonid = [k for k, r in enumerate(pairs) if "".join(r["target"].split()).lower() != "".join(r["draft"].split()).lower()]
+    res["judge_real_non_identical"] = binary_metrics([v[k] for k in nonid], [gold[k] for k in nonid])
+    # the verifier as LR runs it: exact-match short-circuit, then the judge
+    sc = [True if k not in set(nonid) else v[k] for k in range(len(pairs))]
+    res["verifier_real_with_shortcut"] = binary_metrics(sc, gold)
+    res["judge_combined"] = binary_metrics(v_syn + v, [y for _, _, y in syn_pairs] + gold)
+
+    # speed: fp32, 1 thread, batch 1 and 4, plain forward loop with DynamicCache
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cpu = [m.to("cpu") for m in (target, draft, judge)]
+    prompt = chat_prompt_ids(tok, problems[0].question)
+    speed = {"threads": 1, "dtype": "float32", "new_tokens": 64, "prompt_tokens": len(prompt),
+             "method": "forward loop, DynamicCache, greedy, best of 3"}
+    for name, m in zip(("target", "draft", "judge"), cpu):
+        for b in (1, 4):
+            speed[f"{name}_b{b}_tok_s"] = decode_speed(m, prompt, b, 16 if quick else 64, 1 if quick else 3)
+    speed["c"] = speed["target_b1_tok_s"] / speed["draft_b1_tok_s"]  # draft time / target time per token
+    speed["c_batch4"] = speed["target_b4_tok_s"] / speed["draft_b4_tok_s"]
+    torch.set_num_threads(threads)
+    res["speed"] = speed
+    target.to(device)
+
+    # GSM8K (real questions): the demo target is not expected to solve them.
+    if GSM8K_TEST.exists():
+        rows = [json.loads(line) for line in open(GSM8K_TEST)][: 20 if quick else 100]
+        prompts = [chat_prompt_ids(tok, r["question"]) for r in rows]
+        eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
+        outs = greedy_generate(target, prompts, pad_id, [eos_id], 256, 32, desc="eval: GSM8K")
+        texts = [strip_special(tok, o) for o in outs]
+        gold_ans = [int(float(r["final_answer"].replace(",", ""))) for r in rows]
+        acc, se = accuracy(texts, gold_ans)
+        res["gsm8k"] = {"n": len(rows), "accuracy": acc, "se": se,
+                        "with_answer_line": sum(syn.extract_answer(t) is not None for t in texts) / len(rows),
+                        "example_output": texts[0][:300]}
+    res["examples"] = [{"question": problems[k].question, "gold": problems[k].solution, "target": t_txt[k],
+                        "draft": d_txt[k]} for k in range(3)]
+    res["example_step_pairs"] = [r for r in pairs if not r["exact"]][:8]
+    res["machine"] = {"platform": platform.platform(), "processor": platform.processor() or _cpu_name(),
+                      "cpus": os.cpu_count(), "torch": torch.__version__}
+    return res
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Report
+
+
+def fmt_table(res: dict) -> str:
+    a, s, sp = res["accuracy"], res["step_agreement"], res["speed"]
+    js, jr, jn = res["judge_synthetic"], res["judge_real"], res["judge_real_non_identical"]
+    p = res["parameters"]
+    lines = [
+        "| Metric | Value | Requirement |",
+        "|---|---|---|",
+        f"| Target accuracy, {a['n']} held-out problems (difficulty {a['difficulty']}, greedy) | "
+        f"{a['target'] * 100:.1f}% ± {a['target_se'] * 100:.1f} | >= 90% |",
+        f"| Draft accuracy, same problems | {a['draft'] * 100:.1f}% ± {a['draft_se'] * 100:.1f} | (reported) |",
+        f"| Parameters target / draft / judge | {p['target']:,} / {p['draft']:,} / {p['judge']:,} | |",
+        f"| Parameter ratio draft / target | {p['draft_over_target']:.3f} | <= 0.10 |",
+        f"| Step agreement draft vs target from the same gold prefix ({s['n_steps']} steps): exact token match | "
+        f"{s['exact'] * 100:.1f}% | |",
+        f"| Step agreement: semantically equal (generator ground truth) | {s['semantic'] * 100:.1f}% "
+        f"({s['semantic_over_exact']:.2f}x exact) | >= 1.5x exact |",
+        f"| Target step = gold step: semantic / exact | {s['target_vs_gold_semantic'] * 100:.1f}% / "
+        f"{s['target_vs_gold_exact'] * 100:.1f}% | |",
+        f"| Draft step = gold step: semantic / exact | {s['draft_vs_gold_semantic'] * 100:.1f}% / "
+        f"{s['draft_vs_gold_exact'] * 100:.1f}% | |",
+        f"| Final answer line ({s['n_final_lines']}): exact / semantic | {s['final_exact'] * 100:.1f}% / "
+        f"{s['final_semantic'] * 100:.1f}% | |",
+        f"| Judge, held-out synthetic pairs (n={js['n']}): precision / recall / accuracy on aligned | "
+        f"{js['precision']:.4f} / {js['recall']:.3f} / {js['accuracy']:.3f} | precision >= 0.99, recall >= 0.80 |",
+        f"| Judge, held-out real draft/target pairs (n={jr['n']}): precision / recall / accuracy | "
+        f"{jr['precision']:.4f} / {jr['recall']:.3f} / {jr['accuracy']:.3f} | |",
+        f"| Judge, real pairs that are not identical (n={jn['n']}, what the judge sees after the exact-match "
+        f"short-circuit): precision / recall | {jn['precision']:.4f} / {jn['recall']:.3f} | |",
+        f"| Decode tokens/s, batch 1 / batch 4: target | {sp['target_b1_tok_s']:.0f} / {sp['target_b4_tok_s']:.0f} | |",
+        f"| Decode tokens/s, batch 1 / batch 4: draft | {sp['draft_b1_tok_s']:.0f} / {sp['draft_b4_tok_s']:.0f} | |",
+        f"| Decode tokens/s, batch 1 / batch 4: judge | {sp['judge_b1_tok_s']:.0f} / {sp['judge_b4_tok_s']:.0f} | |",
+        f"| c = draft time / target time per token, batch 1 (batch 4) | {sp['c']:.3f} ({sp['c_batch4']:.3f}) | <= 0.25 |",
+    ]
+    if "gsm8k" in res:
+        g = res["gsm8k"]
+        lines.append(f"| GSM8K test, first {g['n']} questions, target greedy | {g['accuracy'] * 100:.1f}% "
+                     f"({g['with_answer_line'] * 100:.0f}% end with a '####' line) | (honest report; not expected) |")
+    lines.append(f"| Checkpoint size on disk (target + draft + judge, fp16 + tokenizer) | "
+                 f"{res['size_bytes']['total'] / 1e6:.1f} MB | <= 30 MB |")
+    return "\n".join(lines)
+
+
+def write_card(out: Path, res: dict, command: str) -> None:
+    tr = res.get("training", {})
+    p = res["parameters"]
+
+    def arch(name: str) -> str:
+        cfg = json.loads((out / name / "config.json").read_text())
+        return (f"Qwen3ForCausalLM: hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
+                f"{cfg['num_attention_heads']} heads x {cfg['head_dim']} (KV heads {cfg['num_key_value_heads']}), "
+                f"MLP {cfg['intermediate_size']}, vocab {cfg['vocab_size']}, tied embeddings, "
+                f"RoPE, max {cfg['max_position_embeddings']} positions; {p[name]:,} parameters")
+
+    def ttime(name: str) -> str:
+        t = tr.get(name)
+        if not t:
+            return "n/a"
+        return (f"{t['seconds'] / 60:.1f} min, {t['steps']:,} steps x batch {t['batch_size']}, {t['tokens'] / 1e6:.2f}M "
+                f"tokens ({t['tokens_per_second']:.0f} tok/s, {t['autocast']}), stopped by {t['stopped_by']}")
+
+    sp, m = res["speed"], res["machine"]
+    ex = res["examples"][0]
+    text = f"""# Demo models: draft / target / judge for the synthetic reasoning task
+
+Small models the product ships so that its main job (Lookahead Reasoning: step-level speculation with a
+semantic judge) runs right after install, with no model hub. Trained from scratch by
+`build_scripts/train_demo_models.py` on the synthetic grade-school arithmetic task of
+`lookahead_reasoning.synthetic` (`orchestrator/synthetic.py`). They are toys: they solve that task, not
+real questions (see the GSM8K row).
+
+| Folder | Role | Architecture |
+|---|---|---|
+| `target/` | the model whose answers we want | {arch('target')} |
+| `draft/` | cheap step proposer | {arch('draft')} |
+| `judge/` | LLM-as-judge verifier | {arch('judge')} |
+
+All three share one tokenizer (byte-level BPE trained with `tokenizers`, {res['tokenizer']['vocab_size']} tokens):
+digits are single tokens, the step delimiter `"\\n\\n"` is one token (id {res['tokenizer']['delimiter_id']}) that never
+merges with neighbouring text, `<|im_end|>` is EOS, `<|endoftext|>` is padding, and a ChatML chat template
+(`<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n`) wraps the question, as for real instruction-tuned models.
+After the judge prompt's pre-filled `[`, `aligned` (id {res['tokenizer']['aligned_id']}) and `unaligned`
+(id {res['tokenizer']['unaligned_id']}) are single tokens.
+
+Weights are stored as fp16 safetensors; `config.json` says `dtype: float32`, so
+`AutoModelForCausalLM.from_pretrained(path)` computes in fp32 (faster than fp16/bf16 for models this small on
+CPU). All numbers below were measured on the saved fp16 files loaded in fp32. Size on disk:
+{res['size_bytes']['total'] / 1e6:.1f} MB in total.
+
+## Data
+
+`generate_problems(n, seed, difficulty)`: a person, items or money, and 2 to 8 events (buy boxes, find / lose /
+give away items, double, buy more groups, fees, coupons, tips, share equally, pay with a bill). The solution
+is one step per computation, e.g.
+
+```
+Q: {ex['question']}
+{ex['gold']}
+```
+
+Each step is one sentence with one computation `x op y = r` (integers; `+ - x /`; exact divisions), worded
+by one of three sentence frames per step kind (two with units, one without), with operands of `+`/`x` in
+either order. The wording is a fixed function of the person's name, the item and the step's position
+(lookup tables), not a coin flip: the target learns it; the much smaller draft often picks another wording
+for the same computation. Difficulty (1 to 5) sets the step count range (2-3, 2-5, 3-6, 4-8, 5-8) and the
+magnitudes (running values <= 60, 100, 500, 2000, 9999). Training draws fresh problems from seeds derived
+from `--seed` with the difficulty mix {DIFFICULTY_MIX}; evaluation uses held-out problems of difficulty
+{res['accuracy']['difficulty']} from `EVAL_SEED = {syn.EVAL_SEED}` (never used for training), judge pairs from
+`JUDGE_EVAL_SEED = {syn.JUDGE_EVAL_SEED}`.
+
+Training sequences: target and draft see the chat prompt (no loss) and the solution + EOS (loss). The judge
+sees `build_judge_ids(tok, step_a, step_b)` (the fixed judge prompt, pre-filled `[`) followed by the verdict
+word, `]` and EOS, with loss on those answer tokens (negatives weighted higher, to keep precision on
+"aligned" high), on labelled step pairs from `generate_step_pairs` (paraphrases, commutative reorders, and
+hard negatives: one digit changed, other operands, other operation, another step of the problem) plus real
+(target step, draft step) pairs that the trained target and draft wrote from gold prefixes of training
+problems, labelled with `steps_equivalent`.
+
+## Training
+
+| Model | Time and work |
+|---|---|
+| target | {ttime('target')} |
+| draft | {ttime('draft')} |
+| judge | {ttime('judge')} ({tr.get('judge', {}).get('examples', 'n/a')} examples) |
+| total wall time of the run | {tr.get('total_minutes', 'n/a')} min (tokenizer, data, three trainings, saving; evaluation not included) |
+
+AdamW (betas 0.9/0.98, weight decay 0.05), linear warm-up, cosine decay to 10%, gradient clipping 1.0, fp32
+unless bf16 autocast measured faster at start-up. Machine: {tr.get('machine', m.get('processor'))}.
+
+## Evaluation
+
+{fmt_table(res)}
+
+Notes. Accuracy: the `#### N` line of a greedy solution equals the answer (standard errors in ±). Step
+agreement: for every held-out problem and step position, draft and target each write one step greedily from
+the same prompt (chat prompt + gold steps so far) until `"\\n\\n"` or EOS; "exact" = identical tokens,
+"semantic" = `steps_equivalent` (same operation, operands up to order for `+`/`x`, same result); the final
+`#### N` line is counted separately. Judge: the verdict is the one greedy token after the pre-filled `[`
+(aligned iff it is the `aligned` token); precision and recall are for "aligned". Speed: {sp['method']},
+{sp['threads']} thread, {sp['dtype']}, prompt of {sp['prompt_tokens']} tokens then {sp['new_tokens']} decode steps;
+tokens/s counts all sequences of the batch. Measured on: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']},
+{m['platform']}; the machine was shared with other work, so speeds are best-of-3.
+
+## Reproduce
+
+```
+{command}
+```
+
+`--eval-only` re-runs this evaluation on the saved folders and rewrites this card and `eval.json`.
+"""
+    (out / "README.md").write_text(text)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Main
+
+
+def dev_solve_eval(model, tok, n: int, seed: int) -> Callable[[], str]:
+    probs = syn.generate_problems(n, derive_seed(seed, "dev"), syn.DEFAULT_DIFFICULTY)
+
+    def run() -> str:
+        acc, _ = accuracy(solve(model, tok, probs), [p.answer for p in probs])
+        return f"dev accuracy {acc * 100:.1f}% (n={n})"
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "engines" / "demo")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads for training")
+    ap.add_argument("--vocab-size", type=int, default=1024)
+    ap.add_argument("--target-steps", type=int, default=3400)
+    ap.add_argument("--target-minutes", type=float, default=56.0)
+    ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--target-init", type=Path, default=None,
+                    help="start the target from this checkpoint folder (continue training) instead of from scratch")
+    ap.add_argument("--target-data-offset", type=int, default=0,
+                    help="skip to this data stream (use a new value when continuing, so no problem is seen twice)")
+    ap.add_argument("--draft-steps", type=int, default=4000)
+    ap.add_argument("--draft-minutes", type=float, default=10.0)
+    ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--judge-steps", type=int, default=3000)
+    ap.add_argument("--judge-minutes", type=float, default=12.0)
+    ap.add_argument("--judge-lr", type=float, default=1.5e-3)
+    ap.add_argument("--judge-neg-weight", type=float, default=2.0, help="loss weight of 'unaligned' verdicts")
+    ap.add_argument("--judge-init", choices=["target", "scratch"], default="target",
+                    help="start the judge from the trained target's embeddings and first layers, or from scratch")
+    ap.add_argument("--judge-real-problems", type=int, default=1500, help="training problems whose real draft/target steps the judge sees")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--dev-every-steps", type=int, default=0, help="dev evaluation every N steps (0: every 5 min)")
+    ap.add_argument("--only", choices=["tokenizer", "target", "draft", "judge"], nargs="*",
+                    help="train only these parts (others are loaded from --out)")
+    ap.add_argument("--eval-only", action="store_true", help="only evaluate the checkpoints under --out")
+    ap.add_argument("--no-eval", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny budgets and evaluation sets")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python build_scripts/train_demo_models.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.quick:
+        args.target_steps, args.target_minutes = 30, 1.0
+        args.draft_steps, args.draft_minutes = 30, 0.5
+        args.judge_steps, args.judge_minutes = 30, 0.5
+        args.judge_real_problems = 40
+    eval_json = out / "eval.json"
+    training: dict = {}
+    if eval_json.exists():
+        training = json.loads(eval_json.read_text()).get("training", {})
+
+    if not args.eval_only:
+        from transformers import AutoTokenizer
+
+        t_run = time.perf_counter()
+        parts = set(args.only or ["tokenizer", "target", "draft", "judge"])
+        training["machine"] = f"{_cpu_name()}, {os.cpu_count()} CPUs, device {device}, {args.threads} threads"
+        training["seed"] = args.seed
+        if "tokenizer" in parts:
+            tqdm.write("== tokenizer")
+            tok = build_tokenizer(args.seed, args.vocab_size, args.quick)
+            tok.save_pretrained(out / "tokenizer")
+        else:
+            tok = AutoTokenizer.from_pretrained(out / "target")
+        tqdm.write(f"   {check_tokenizer(tok)}")
+        pad_id = tok.convert_tokens_to_ids(PAD)
+
+        if "target" in parts:
+            tqdm.write("== target")
+            target = make_model(TARGET_SPEC, tok, derive_seed(args.seed, "init-target"))
+            if args.target_init:
+                target.load_state_dict(load_checkpoint(args.target_init)[0].state_dict())
+                tqdm.write(f"   continuing from {args.target_init}")
+            tqdm.write(f"   {n_params(target):,} parameters")
+            b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size)
+            training["target"] = train_lm(target, problem_batches(tok, derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size),
+                                          b, device, "target", dev_solve_eval(target, tok, 48 if not args.quick else 8, args.seed),
+                                          dev_every_steps=args.dev_every_steps)
+            save_checkpoint(target, tok, out / "target")
+        target, _ = load_checkpoint(out / "target", device)
+
+        if "draft" in parts:
+            tqdm.write("== draft")
+            draft = make_model(DRAFT_SPEC, tok, derive_seed(args.seed, "init-draft"))
+            tqdm.write(f"   {n_params(draft):,} parameters ({n_params(draft) / n_params(target):.3f} of the target)")
+            b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size)
+            training["draft"] = train_lm(draft, problem_batches(tok, derive_seed(args.seed, "data-draft"), b.batch_size),
+                                         b, device, "draft", dev_solve_eval(draft, tok, 48 if not args.quick else 8, args.seed),
+                                         dev_every_steps=args.dev_every_steps)
+            save_checkpoint(draft, tok, out / "draft")
+        draft = load_checkpoint(out / "draft", device)[0] if (out / "draft").exists() else None
+
+        if "judge" in parts:
+            tqdm.write("== judge data")
+            training["judge"] = train_judge(args, tok, target, draft, device, out)
+        training["total_minutes"] = round((time.perf_counter() - t_run) / 60, 1)
+        eval_json.write_text(json.dumps({"training": training}, indent=2))
+        (out / "tokenizer").exists() and _rmtree(out / "tokenizer")
+
+    if args.no_eval:
+        return 0
+    tqdm.write("== evaluation (saved checkpoints, fp32)")
+    t_eval = time.perf_counter()
+    res = evaluate(out, args.seed, args.quick, device)
+    res["training"] = training
+    res["evaluation_minutes"] = round((time.perf_counter() - t_eval) / 60, 1)
+    eval_json.write_text(json.dumps(res, indent=2, default=str))
+    reproduce = "nice -n 10 python build_scripts/train_demo_models.py --out engines/demo --seed " + str(training.get("seed", args.seed))
+    write_card(out, res, reproduce)
+    print()
+    print(fmt_table(res))
+    return 0
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def init_from(small, big) -> None:
+    """Copy embeddings, final norm and the first layers of ``big`` into ``small`` (same widths)."""
+    with torch.no_grad():
+        small.model.embed_tokens.weight.copy_(big.model.embed_tokens.weight)
+        small.model.norm.load_state_dict(big.model.norm.state_dict())
+        for i, layer in enumerate(small.model.layers):
+            layer.load_state_dict(big.model.layers[i].state_dict())
+
+
+def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
+    """Build judge data (synthetic + real draft/target pairs), train, save. Returns training facts."""
+    n_syn = 400 if args.quick else 60000
+    syn_pairs = syn.generate_step_pairs(n_syn, derive_seed(args.seed, "judge-pairs"))
+    ex = judge_examples(tok, syn_pairs, "synthetic")
+    # real pairs from training-distribution problems (never the evaluation seed)
+    levels, weights = zip(*DIFFICULTY_MIX.items())
+    rng = random.Random(derive_seed(args.seed, "judge-real"))
+    probs = [syn.generate_problems(1, derive_seed(args.seed, "judge-real", i), rng.choices(levels, weights)[0])[0]
+             for i in range(args.judge_real_problems)]
+    rows = real_pairs(target.eval(), draft.eval(), tok, probs, desc="judge data") if probs else []
+    real = [(r["target"], r["draft"], r["semantic"]) for r in rows]
+    real_neg = [x for x in real if not x[2]]
+    ex_real = judge_examples(tok, real + real_neg * 2, "real")
+    tqdm.write(f"   {len(ex)} synthetic pairs, {len(real)} real pairs ({len(real_neg)} not equivalent, x3)")
+    ex = ex + ex_real
+    judge = make_model(JUDGE_SPEC, tok, derive_seed(args.seed, "init-judge"))
+    if args.judge_init == "target":
+        init_from(judge, target)
+    tqdm.write(f"   judge: {n_params(judge):,} parameters, initialised from {args.judge_init}")
+    prefix_len = judge_prefix_len(tok)
+    pad_id = tok.convert_tokens_to_ids(PAD)
+    b = TrainBudget(args.judge_steps, args.judge_minutes, args.judge_lr, args.batch_size * 2, warmup_steps=100)
+    dev_pairs = syn.generate_step_pairs(300, derive_seed(args.seed, "judge-dev"))
+
+    def dev() -> str:
+        m = binary_metrics(judge_verdicts(judge, tok, [(a, c) for a, c, _ in dev_pairs]), [y for *_, y in dev_pairs])
+        return f"dev precision {m['precision']:.3f} recall {m['recall']:.3f} acc {m['accuracy']:.3f}"
+
+    facts = train_lm(judge, judge_batches(ex, derive_seed(args.seed, "judge-order"), b.batch_size, prefix_len, pad_id,
+                                          args.judge_neg_weight),
+                     b, device, "judge", dev, dev_every_s=120.0, loss_fn=judge_loss_fn(device))
+    facts["examples"] = len(ex)
+    facts["real_pairs"] = len(real)
+    facts["real_pairs_not_equivalent"] = len(real_neg)
+    save_checkpoint(judge, tok, out / "judge")
+    return facts
+
+
+if __name__ == "__main__":
+    sys.exit(main())

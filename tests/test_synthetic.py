@@ -1,0 +1,140 @@
+"""The synthetic reasoning task: determinism, solution correctness, labels of the judge pairs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookahead_reasoning import synthetic as syn
+from lookahead_reasoning.synthetic import Computation, extract_answer, parse_step, steps_equivalent
+
+STEP_RANGES = {1: (2, 3), 2: (2, 5), 3: (3, 6), 4: (4, 8), 5: (5, 8)}
+
+
+def check_problem(p: syn.Problem) -> None:
+    """Every step holds one correct computation whose operands are question numbers or earlier results,
+    and the last result is the stated answer."""
+    assert p.steps and len(p.steps) == len(p.computations) == len(p.kinds)
+    lo, hi = STEP_RANGES[p.difficulty]
+    assert lo <= len(p.steps) <= hi
+    assert syn.MIN_STEPS <= len(p.steps) <= syn.MAX_STEPS
+    available = {int(x) for x in re.findall(r"\d+", p.question)}
+    if "doubles" in p.question:
+        available.add(2)
+    if "triples" in p.question:
+        available.add(3)
+    for step, comp in zip(p.steps, p.computations):
+        assert "\n" not in step and step == step.strip()
+        parsed = parse_step(step)
+        assert parsed is not None, step
+        assert parsed.canonical() == comp.canonical(), (step, comp)
+        assert parsed.is_correct(), step
+        assert set(parsed.operands) <= available, (p.question, step, available)
+        available.add(parsed.result)
+    assert p.computations[-1].result == p.answer
+    assert p.solution == "\n\n".join(p.steps) + f"\n\n#### {p.answer}"
+    assert extract_answer(p.solution) == p.answer
+    assert p.answer >= 0
+
+
+def test_deterministic_per_seed():
+    a = syn.generate_problems(30, seed=123)
+    b = syn.generate_problems(30, seed=123)
+    assert a == b
+    assert [p.solution for p in a] == [p.solution for p in b]
+    assert syn.generate_problems(10, seed=123) == a[:10]  # prefix does not depend on n
+    c = syn.generate_problems(30, seed=124)
+    assert [p.question for p in a] != [p.question for p in c]
+    for d in syn.DIFFICULTIES:
+        assert syn.generate_problems(5, 9, d) == syn.generate_problems(5, 9, d)
+
+
+def test_default_difficulty_and_eval_seed():
+    assert syn.generate_problems(4, syn.EVAL_SEED) == syn.generate_problems(4, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY)
+    assert syn.is_reserved_seed(syn.EVAL_SEED) and syn.is_reserved_seed(syn.JUDGE_EVAL_SEED)
+    assert not syn.is_reserved_seed(0)
+
+
+@pytest.mark.parametrize("difficulty", syn.DIFFICULTIES)
+def test_every_solution_computes_its_answer(difficulty):
+    for p in syn.generate_problems(300, seed=1000 + difficulty, difficulty=difficulty):
+        check_problem(p)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), difficulty=st.sampled_from(syn.DIFFICULTIES))
+def test_property_any_seed(seed, difficulty):
+    for p in syn.generate_problems(3, seed, difficulty):
+        check_problem(p)
+
+
+def test_all_step_counts_occur():
+    counts = {len(p.steps) for d in syn.DIFFICULTIES for p in syn.generate_problems(200, 5, d)}
+    assert counts == set(range(2, 9))
+
+
+def test_wording_is_a_function_of_the_problem_and_varies():
+    ps = syn.generate_problems(400, seed=77)
+    first_words = {p.steps[0].split()[0] for p in ps}
+    assert len(first_words) >= 3  # several sentence frames are in use
+    # same (context, position) -> same wording choice
+    for p in ps[:50]:
+        for j in range(len(p.steps)):
+            assert syn.step_style(p.context, j) == syn.step_style(p.context, j)
+            frame, order = syn.step_style(p.context, j)
+            assert syn.render_step(p.kinds[j], p.computations[j], p.context, frame, order, p.step_slots[j]) == p.steps[j]
+    # commutative operands appear in both orders across problems
+    swapped = sum(
+        1 for p in ps for s, c in zip(p.steps, p.computations)
+        if c.op in "+x" and parse_step(s).operands != c.operands
+    )
+    assert swapped > 50
+
+
+def test_parse_step_and_extract_answer():
+    assert parse_step("Now she has 48 - 9 = 39 pencils.") == Computation("-", (48, 9), 39)
+    assert parse_step("12 * 3 = 36") == Computation("x", (12, 3), 36)
+    assert parse_step("So it is 72 ÷ 8 = 9.\n\n") == Computation("/", (72, 8), 9)
+    assert parse_step("No numbers here.") is None
+    assert parse_step("1 + 2 = 3 and 3 + 4 = 7") is None  # ambiguous: two computations
+    assert extract_answer("blah\n\n#### 42") == 42
+    assert extract_answer("#### 1,234") == 1234
+    assert extract_answer("The answer is 5.") is None
+
+
+def test_steps_equivalent():
+    assert steps_equivalent("Mia has 4 x 12 = 48 pencils.", "12 x 4 = 48.")
+    assert steps_equivalent("That makes 30 + 9 = 39.", "9 + 30 = 39 apples in total.")
+    assert not steps_equivalent("That leaves 48 - 9 = 39.", "9 - 48 = 39.")  # order matters for -
+    assert not steps_equivalent("4 x 12 = 48.", "4 x 12 = 46.")
+    assert not steps_equivalent("4 x 12 = 48.", "4 + 12 = 48.")
+    assert not steps_equivalent("4 x 12 = 48.", "#### 48")
+    assert steps_equivalent("#### 48", "####  48")
+    assert not steps_equivalent("#### 48", "#### 49")
+
+
+def test_step_pairs_labels_and_balance():
+    pairs = syn.generate_step_pairs(2000, seed=3)
+    assert pairs == syn.generate_step_pairs(2000, seed=3)
+    assert all(y == steps_equivalent(a, b) for a, b, y in pairs)
+    pos = sum(y for *_, y in pairs)
+    assert 0.4 * len(pairs) < pos < 0.6 * len(pairs)
+    # most positives are NOT identical texts (the judge must look past wording)
+    assert sum(1 for a, b, y in pairs if y and a != b) > 0.8 * pos
+    # hard negatives: some differ from their partner only in one digit
+    one_digit = sum(
+        1 for a, b, y in pairs
+        if not y and len(a) == len(b) and sum(x != z for x, z in zip(a, b)) == 1
+    )
+    assert one_digit > 50
+    assert all(isinstance(a, str) and isinstance(b, str) and a.strip() == a for a, b, _ in pairs)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        syn.generate_problems(1, 0, difficulty=9)
+    with pytest.raises(ValueError):
+        syn.generate_problems(-1, 0)
