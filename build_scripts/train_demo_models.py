@@ -30,10 +30,9 @@ import math
 import os
 import platform
 import random
-import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -876,6 +875,10 @@ def write_card(out: Path, res: dict, command: str) -> None:
         return (f"{t['seconds'] / 60:.1f} min, {t['steps']:,} steps x batch {t['batch_size']}, {t['tokens'] / 1e6:.2f}M "
                 f"tokens ({t['tokens_per_second']:.0f} tok/s, {t['autocast']}), stopped by {t['stopped_by']}")
 
+    earlier = "".join(f"; continued from an earlier stage of {t['seconds'] / 60:.1f} min, {t['steps']:,} steps, "
+                      f"{t['tokens'] / 1e6:.2f}M tokens" for t in tr.get("target_earlier_stages", []))
+    earlier_judge = "".join(f"; continued from an earlier stage of {t['seconds'] / 60:.1f} min, {t['steps']:,} steps"
+                            for t in tr.get("judge_earlier_stages", []))
     sp, m = res["speed"], res["machine"]
     ex = res["examples"][0]
     text = f"""# Demo models: draft / target / judge for the synthetic reasoning task
@@ -937,10 +940,10 @@ problems, labelled with `steps_equivalent`.
 
 | Model | Time and work |
 |---|---|
-| target | {ttime('target')} |
+| target | {ttime('target')}{earlier} |
 | draft | {ttime('draft')} |
-| judge | {ttime('judge')} ({tr.get('judge', {}).get('examples', 'n/a')} examples) |
-| total wall time of the run | {tr.get('total_minutes', 'n/a')} min (tokenizer, data, three trainings, saving; evaluation not included) |
+| judge | {ttime('judge')} ({tr.get('judge', {}).get('examples', 'n/a')} examples){earlier_judge} |
+| total wall time | {tr.get('total_minutes', 'n/a')} min over {len(tr.get('commands', [])) or 1} run(s) (tokenizer, data, trainings, saving; evaluation not included) |
 
 AdamW (betas 0.9/0.98, weight decay 0.05), linear warm-up, cosine decay to 10%, gradient clipping 1.0, fp32
 unless bf16 autocast measured faster at start-up. Machine: {tr.get('machine', m.get('processor'))}.
@@ -1005,8 +1008,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--judge-minutes", type=float, default=12.0)
     ap.add_argument("--judge-lr", type=float, default=1.5e-3)
     ap.add_argument("--judge-neg-weight", type=float, default=2.0, help="loss weight of 'unaligned' verdicts")
-    ap.add_argument("--judge-init", choices=["target", "scratch"], default="target",
-                    help="start the judge from the trained target's embeddings and first layers, or from scratch")
+    ap.add_argument("--judge-init", default="target",
+                    help="'target' (the trained target's embeddings and first layers), 'scratch', or a judge "
+                         "checkpoint folder to continue (its data order then differs from the first stage's)")
     ap.add_argument("--judge-real-problems", type=int, default=1500, help="training problems whose real draft/target steps the judge sees")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--dev-every-steps", type=int, default=0, help="dev evaluation every N steps (0: every 5 min)")
@@ -1046,10 +1050,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             tok = AutoTokenizer.from_pretrained(out / "target")
         tqdm.write(f"   {check_tokenizer(tok)}")
-        pad_id = tok.convert_tokens_to_ids(PAD)
-
+        training.setdefault("commands", []).append(command)
         if "target" in parts:
             tqdm.write("== target")
+            if args.target_init and "target" in training:  # a continuation: keep the earlier stages' facts
+                training.setdefault("target_earlier_stages", []).append(training.pop("target"))
             target = make_model(TARGET_SPEC, tok, derive_seed(args.seed, "init-target"))
             if args.target_init:
                 target.load_state_dict(load_checkpoint(args.target_init)[0].state_dict())
@@ -1075,8 +1080,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if "judge" in parts:
             tqdm.write("== judge data")
+            if args.judge_init not in ("target", "scratch") and "judge" in training:
+                training.setdefault("judge_earlier_stages", []).append(training.pop("judge"))
             training["judge"] = train_judge(args, tok, target, draft, device, out)
-        training["total_minutes"] = round((time.perf_counter() - t_run) / 60, 1)
+        # cumulative over the stages listed in training["commands"] (a continuation adds to the earlier runs)
+        training["total_minutes"] = round(training.get("total_minutes", 0.0) * (len(training["commands"]) > 1)
+                                          + (time.perf_counter() - t_run) / 60, 1)
         eval_json.write_text(json.dumps({"training": training}, indent=2))
         (out / "tokenizer").exists() and _rmtree(out / "tokenizer")
 
@@ -1088,7 +1097,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     res["training"] = training
     res["evaluation_minutes"] = round((time.perf_counter() - t_eval) / 60, 1)
     eval_json.write_text(json.dumps(res, indent=2, default=str))
-    reproduce = "nice -n 10 python build_scripts/train_demo_models.py --out engines/demo --seed " + str(training.get("seed", args.seed))
+    reproduce = "\n".join("nice -n 10 " + c for c in training.get("commands", [])) or (
+        "nice -n 10 python build_scripts/train_demo_models.py --out engines/demo --seed " + str(training.get("seed", args.seed)))
     write_card(out, res, reproduce)
     print()
     print(fmt_table(res))
@@ -1127,8 +1137,11 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     tqdm.write(f"   {len(ex)} synthetic pairs, {len(real)} real pairs ({len(real_neg)} not equivalent, x3)")
     ex = ex + ex_real
     judge = make_model(JUDGE_SPEC, tok, derive_seed(args.seed, "init-judge"))
+    continued = args.judge_init not in ("target", "scratch")
     if args.judge_init == "target":
         init_from(judge, target)
+    elif continued:
+        judge.load_state_dict(load_checkpoint(Path(args.judge_init))[0].state_dict())
     tqdm.write(f"   judge: {n_params(judge):,} parameters, initialised from {args.judge_init}")
     prefix_len = judge_prefix_len(tok)
     pad_id = tok.convert_tokens_to_ids(PAD)
@@ -1139,7 +1152,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
         m = binary_metrics(judge_verdicts(judge, tok, [(a, c) for a, c, _ in dev_pairs]), [y for *_, y in dev_pairs])
         return f"dev precision {m['precision']:.3f} recall {m['recall']:.3f} acc {m['accuracy']:.3f}"
 
-    facts = train_lm(judge, judge_batches(ex, derive_seed(args.seed, "judge-order"), b.batch_size, prefix_len, pad_id,
+    facts = train_lm(judge, judge_batches(ex, derive_seed(args.seed, "judge-order", *(["continued"] if continued else [])), b.batch_size, prefix_len, pad_id,
                                           args.judge_neg_weight),
                      b, device, "judge", dev, dev_every_s=120.0, loss_fn=judge_loss_fn(device))
     facts["examples"] = len(ex)

@@ -1,0 +1,122 @@
+"""The committed demo checkpoints (engines/demo): load offline, solve held-out problems, judge pairs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from lookahead_reasoning import synthetic as syn
+from lookahead_reasoning.judge_prompt import build_judge_ids, verdict_token_ids
+
+# LR_DEMO_DIR points the tests at another build (e.g. a fresh `train_demo_models.py --out DIR`).
+DEMO = Path(os.environ.get("LR_DEMO_DIR", Path(__file__).resolve().parents[1] / "engines" / "demo"))
+ROLES = ("target", "draft", "judge")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = {}
+    for role in ROLES:
+        path = DEMO / role
+        assert (path / "model.safetensors").is_file(), f"missing checkpoint {path}"
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        out[role] = (model, tok)
+    return out
+
+
+def chat_ids(tok, question: str) -> list[int]:
+    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_checkpoints_are_small_fp16_and_compute_in_fp32(loaded):
+    total = sum(f.stat().st_size for role in ROLES for f in (DEMO / role).iterdir())
+    assert total <= 30e6, total
+    for role in ROLES:
+        model, tok = loaded[role]
+        assert next(model.parameters()).dtype == torch.float32  # default load computes in fp32
+        from safetensors import safe_open
+
+        with safe_open(DEMO / role / "model.safetensors", "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+        gen = json.loads((DEMO / role / "generation_config.json").read_text())
+        assert gen["eos_token_id"] == tok.convert_tokens_to_ids("<|im_end|>") == tok.eos_token_id
+        assert gen["pad_token_id"] == tok.convert_tokens_to_ids("<|endoftext|>") == tok.pad_token_id
+    p = {role: sum(x.numel() for x in loaded[role][0].parameters()) for role in ROLES}
+    assert p["draft"] <= 0.10 * p["target"]
+
+
+def test_tokenizer(loaded):
+    tok = loaded["target"][1]
+    for role in ROLES:  # one tokenizer shared by the three models
+        assert loaded[role][1].get_vocab() == tok.get_vocab()
+    delim = tok.encode("\n\n", add_special_tokens=False)
+    assert len(delim) == 1
+    ids = tok.encode("That is 4 x 12 = 48.\n\nNow 48 + 2 = 50.\n\n#### 50", add_special_tokens=False)
+    assert ids.count(delim[0]) == 2
+    assert tok.encode("907", add_special_tokens=False) == [tok.convert_tokens_to_ids(d) for d in "907"]
+    a, u = verdict_token_ids(tok)
+    assert a != u
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi?"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@torch.inference_mode()
+def greedy(model, tok, prompt: list[int], max_new_tokens: int = 160) -> str:
+    ids = torch.tensor([prompt])
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=max_new_tokens)
+    return tok.decode(out[0, len(prompt):], skip_special_tokens=True)
+
+
+def test_target_solves_held_out_problems(loaded):
+    model, tok = loaded["target"]
+    problems = syn.generate_problems(6, syn.EVAL_SEED)
+    solved = 0
+    for p in problems:
+        text = greedy(model, tok, chat_ids(tok, p.question))
+        solved += syn.extract_answer(text) == p.answer
+        # the output is step-structured: steps separated by "\n\n", one computation each
+        steps = text.split("\n\n")[:-1]
+        assert all(syn.parse_step(s) is not None for s in steps), text
+    assert solved >= 5, f"target solved {solved}/6 held-out problems"
+
+
+def test_draft_writes_steps(loaded):
+    model, tok = loaded["draft"]
+    p = syn.generate_problems(1, syn.EVAL_SEED)[0]
+    text = greedy(model, tok, chat_ids(tok, p.question))
+    assert "####" in text and syn.parse_step(text.split("\n\n")[0]) is not None, text
+
+
+@torch.inference_mode()
+def verdict(model, tok, a: str, b: str) -> bool:
+    ids = torch.tensor([build_judge_ids(tok, a, b)])
+    nxt = int(model(input_ids=ids).logits[0, -1].argmax())
+    aligned, unaligned = verdict_token_ids(tok)
+    assert nxt in (aligned, unaligned)
+    return nxt == aligned
+
+
+def test_judge(loaded):
+    model, tok = loaded["judge"]
+    assert verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "That is 12 x 4 = 48 pencils in all.")
+    assert verdict(model, tok, "That leaves 48 - 9 = 39.", "Now she has 48 - 9 = 39 pencils.")
+    assert not verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "Mia has 4 x 12 = 46 pencils.")
+    assert not verdict(model, tok, "That leaves 48 - 9 = 39.", "That makes 39 + 9 = 48.")
