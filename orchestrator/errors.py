@@ -12,7 +12,7 @@ def describe(exc: BaseException) -> tuple[str, str]:
             first = errors()[0]
             loc = [str(x) for x in first.get("loc", ()) if not str(x).isdigit()]
             msg = str(first.get("msg", exc)).replace("Value error, ", "")
-            field = loc[-1] if loc else ""
+            field = ".".join(loc)  # the full path, e.g. "judge.name"
             if not field and ":" in msg:  # model-level validators put the field in the message
                 head, rest = msg.split(":", 1)
                 if head.isidentifier():

@@ -133,13 +133,15 @@ def tiny_profile_yaml(tmp_path_factory, tiny_model_dir, tiny_draft_dir, tiny_jud
     return path
 
 
-def start_server(tmp_path_factory, profile_config: Path, control: str = "none", **limits) -> "object":
+def start_server(tmp_path_factory, profile_config: Path | None, control: str = "none", profile: str | None = None,
+                 **limits) -> "object":
     from lookahead_reasoning.serving.server import ServerConfig, TritonServer, prepare_repository
 
     params = {"max_tokens_limit": "512", "max_prompt_bytes": "8000", "max_concurrency": "100",
               "call_timeout_s": "0"}
     params.update({k: str(v) for k, v in limits.items()})
-    repo = prepare_repository(None, str(profile_config), str(tmp_path_factory.mktemp("repo")), limits=params)
+    repo = prepare_repository(profile, str(profile_config) if profile_config else None,
+                              str(tmp_path_factory.mktemp("repo")), limits=params)
     log = tmp_path_factory.mktemp("logs") / "triton.log"
     server = TritonServer(ServerConfig(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                                        model_control_mode=control), log_path=log)

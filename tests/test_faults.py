@@ -1,8 +1,8 @@
 """Component faults injected for real (Triton model control API, a judge timeout below the judge's latency),
 limits, and the bind address.
 
-The server runs the tiny profile in explicit model-control mode with ``judge_timeout_s`` far below the judge's
-real latency and ``max_concurrency`` 2.
+The server runs the demo trio (whose draft writes whole steps, so the judge is really called) in explicit
+model-control mode with ``judge_timeout_s`` far below the judge's real latency and ``max_concurrency`` 2.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ import pytest
 import tritonclient.http as httpclient
 
 from lookahead_reasoning.serving.client import ServerError, TritonLRClient
+from lookahead_reasoning.synthetic import EVAL_SEED, generate_problems
 
 from conftest import scrape, start_server
 
 pytestmark = pytest.mark.server
-PROMPT = "Step 1: 4 + 4 = 8.\n\nStep 2: 12 x 3 = 36.\n\nStep 3:"
+# a held-out demo problem whose answer has several steps (longer than the token budgets below)
+PROMPT = next(p.question for p in generate_problems(40, EVAL_SEED) if len(p.steps) >= 4)
 
 
 @pytest.fixture(scope="module")
-def fault_server(tmp_path_factory, tiny_profile_yaml):
-    server = start_server(tmp_path_factory, tiny_profile_yaml, control="explicit", judge_timeout_s="0.0002",
+def fault_server(tmp_path_factory):
+    server = start_server(tmp_path_factory, None, control="explicit", profile="demo", judge_timeout_s="0.0002",
                           max_concurrency="2")
     yield server
     server.stop()
@@ -55,8 +57,11 @@ def test_unloaded_judge_falls_back(fault_server):
     ctl = _control(fault_server)
     ctl.unload_model("judge")
     try:
-        res = _run(_client(fault_server).generate(PROMPT, mode="lr", judge="llm", max_tokens=24))
-        assert res.metrics["generated_tokens"] == 24 and res.metrics["fallbacks"] >= 1
+        ar = _run(_client(fault_server).generate(PROMPT, mode="ar", max_tokens=120))
+        res = _run(_client(fault_server).generate(PROMPT, mode="lr", judge="llm", max_tokens=120))
+        # drafts identical to the target's step skip the judge; the others reach the missing judge and fall back
+        assert res.metrics["fallbacks"] >= 1
+        assert res.text == ar.text  # every judged draft rejected, so the target's own steps (greedy) are kept
     finally:
         ctl.load_model("judge")
     assert ctl.is_model_ready("judge")
@@ -72,7 +77,8 @@ def test_draft_unloaded_mid_run_continues_target_only(fault_server):
         async for c in client.stream(PROMPT, mode="lr", judge="numeric", max_tokens=64):
             chunks.append(c)
             if len(chunks) == 1:
-                await asyncio.to_thread(ctl.unload_model, "draft")
+                # a client of its own in the worker thread (the HTTP client's greenlets are bound to a thread)
+                await asyncio.to_thread(lambda: _control(fault_server).unload_model("draft"))
         return chunks
 
     try:
@@ -137,4 +143,5 @@ def test_every_port_binds_loopback(fault_server):
     assert cfg.host == "127.0.0.1"
     for port in (cfg.http_port, cfg.grpc_port, cfg.metrics_port):
         addrs = _listening_addresses(port)
-        assert addrs == {"0100007F"}, (port, addrs)  # 127.0.0.1 in /proc/net/tcp's little-endian hex
+        # 127.0.0.1 in /proc/net/tcp's little-endian hex, or its IPv4-mapped form ::ffff:127.0.0.1 in tcp6
+        assert addrs and addrs <= {"0100007F", "0000000000000000FFFF00000100007F"}, (port, addrs)

@@ -24,7 +24,12 @@ import json
 
 import numpy as np
 
+from .protocol import LR_INPUTS
 from .triton_role import load_model_profile, model_parameters
+
+# Request parameters Triton itself defines (inference protocol); any other parameter is a misspelt input.
+_TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output",
+                      "headers"}
 
 
 def _scalar(arr: np.ndarray | None, name: str):
@@ -222,6 +227,10 @@ class LookaheadReasoningModel:
                 t = pb.get_input_tensor_by_name(request, name)
                 return None if t is None else t.as_numpy()
 
+            # HTTP generate turns JSON fields that are not inputs into request parameters: reject them by name
+            unknown = sorted(set(json.loads(request.parameters() or "{}")) - _TRITON_PARAMETERS)
+            if unknown:
+                raise ValueError(f"{unknown[0]}: unknown input (inputs: {', '.join(LR_INPUTS)})")
             prompt, messages, opts, stream = parse_lr_request(
                 get, self.profile.options, self.max_tokens_limit, self.max_prompt_bytes, self.profile.max_gamma_cap)
             gen = self.reasoner.stream(prompt, messages, opts)

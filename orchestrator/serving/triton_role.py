@@ -47,12 +47,13 @@ class RoleModel:
         self.engine = make_engine(spec)
         labels = {"role": self.role}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
-        self._active = pb_utils.MetricFamily(
-            "lr_engine_active_sequences", "sequences queued or running in the role's engine", gauge).Metric(labels=labels)
-        self._cache_bytes = pb_utils.MetricFamily(
-            "lr_engine_prefix_cache_bytes", "bytes held by the role's prefix KV cache", gauge).Metric(labels=labels)
-        self._cancelled = pb_utils.MetricFamily(
-            "lr_engine_cancelled_total", "engine calls cancelled by their caller", counter).Metric(labels=labels)
+        # Keep the families referenced: the Python backend unregisters a family when its object is freed.
+        self._families = [
+            pb_utils.MetricFamily("lr_engine_active_sequences", "sequences queued or running in the role's engine", gauge),
+            pb_utils.MetricFamily("lr_engine_prefix_cache_bytes", "bytes held by the role's prefix KV cache", gauge),
+            pb_utils.MetricFamily("lr_engine_cancelled_total", "engine calls cancelled by their caller", counter),
+        ]
+        self._active, self._cache_bytes, self._cancelled = (f.Metric(labels=labels) for f in self._families)
 
     def _observe(self) -> None:
         self._active.set(getattr(self.engine, "active_sequences", 0))
