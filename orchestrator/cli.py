@@ -30,7 +30,8 @@ def format_error(exc: Exception) -> str:
     from .errors import describe
 
     field, msg = describe(exc)
-    flag = _FLAGS.get(field, field)
+    parts = field.split(".")  # a nested path ("sampling.temperature", "judge.name"): its flag, if any
+    flag = _FLAGS.get(field) or _FLAGS.get(parts[-1]) or _FLAGS.get(parts[0]) or field
     return f"{flag}: {msg}" if flag else msg
 
 
