@@ -91,8 +91,8 @@ class RoleModel:
                         await task
                     except asyncio.CancelledError:
                         pass
+                    sender.send(flags=final)  # first: the caller must never wait on a lost final response
                     self._cancelled.increment(1)
-                    sender.send(flags=final)
                     return
             results = task.result()
             tensors = [pb.Tensor(name, arr) for name, arr in results_to_arrays(results).items()]
