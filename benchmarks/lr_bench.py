@@ -73,6 +73,7 @@ def main(argv=None) -> int:
             "speedup_vs_ar": speedup, "acceptance_rate": r.acceptance_rate, "acceptance_by_depth": r.acceptance_by_depth,
             "speedup_estimate": est, "measured_over_estimate": (speedup / est) if (speedup and est) else None,
             "tokens": r.tokens, "seconds": r.seconds, "judge_fallbacks": r.fallbacks,
+            "cycle": cycle_profile(r, ar, cost),
         })
     doc = {"date": date.today().isoformat(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
            "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])), "profile": profile.name,
@@ -82,6 +83,22 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(markdown(doc))
     return 0
+
+
+def cycle_profile(r, ar, cost) -> dict | None:
+    """Where one cycle's time goes, in units of T = the ``ar`` run's seconds per step (same problems), next to
+    what the speed model assumes: ``gamma * c`` for drafting and ``b(gamma + 1)`` for the batched target call
+    (DESIGN.md section 1). ``other`` is wall time outside engine and judge calls (orchestration)."""
+    if not r.cycles or not ar.steps or not r.verified_steps:
+        return None
+    t = ar.seconds / ar.steps
+    per = lambda x: x / r.cycles / t  # noqa: E731
+    gamma = r.gamma_sum / r.cycles
+    return {"T_ms": 1e3 * t, "steps_per_cycle": r.steps / r.cycles, "mean_gamma": gamma,
+            "draft": per(r.draft_seconds), "target": per(r.target_seconds), "judge": per(r.judge_seconds),
+            "other": per(r.seconds - r.draft_seconds - r.target_seconds - r.judge_seconds),
+            "total": per(r.seconds), "model_draft": gamma * cost.c if cost.c is not None else None,
+            "model_target": cost.b_of(gamma + 1)}
 
 
 def markdown(doc: dict) -> str:
@@ -95,6 +112,15 @@ def markdown(doc: dict) -> str:
         acc = f"{100 * r['accuracy']:.1f}% ± {100 * r['accuracy_stderr']:.1f}" if r["accuracy"] is not None else "n/a"
         lines.append(f"| {r['run']} | {acc} | {f(r['tokens_per_s'], 1)} | {f(r['speedup_vs_ar'])} | "
                      f"{f(r['acceptance_rate'])} | {f(r['speedup_estimate'])} | {f(r['measured_over_estimate'])} |")
+    lines += ["", "Per cycle, in units of T = one `ar` step (measured; async runs overlap draft and target time):", "",
+              "| run | steps/cycle | draft (model gamma*c) | target call (model b(gamma+1)) | judge | other | total |",
+              "|---|---|---|---|---|---|---|"]
+    for r in doc["runs"]:
+        c = r.get("cycle")
+        if c:
+            lines.append(f"| {r['run']} | {f(c['steps_per_cycle'])} | {f(c['draft'])} ({f(c['model_draft'])}) | "
+                         f"{f(c['target'])} ({f(c['model_target'])}) | {f(c['judge'])} | {f(c['other'])} | "
+                         f"{f(c['total'])} |")
     return "\n".join(lines) + "\n"
 
 

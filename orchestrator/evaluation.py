@@ -44,6 +44,14 @@ class ModeReport:
     skipped: int = 0
     turns: int = 0
     outputs: list[dict] = field(default_factory=list)
+    # where the time went (seconds, summed over requests; see RequestMetrics)
+    cycles: int = 0
+    gamma_sum: int = 0
+    steps: int = 0
+    target_steps: int = 0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    judge_seconds: float = 0.0
 
     @property
     def accuracy(self) -> float | None:
@@ -128,6 +136,9 @@ def run_mode(reasoner: LookaheadReasoner, items: Sequence[EvalItem], opts: LROpt
             rep.verified_steps += m.verified_steps
             rep.accepted_steps += m.accepted_steps
             rep.fallbacks += m.fallbacks
+            for k in ("cycles", "gamma_sum", "steps", "target_steps", "draft_seconds", "target_seconds",
+                      "judge_seconds"):
+                setattr(rep, k, getattr(rep, k) + getattr(m, k))
             _add(rep.accepted_by_depth, m.accepted_by_depth)
             _add(rep.verified_by_depth, m.verified_by_depth)
             if m.speedup_estimate is not None:

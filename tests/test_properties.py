@@ -8,10 +8,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from lookahead_reasoning.backends.base import GenerationRequest
+from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.lookahead import LROptions
 from lookahead_reasoning.profiles import Profile
+from lookahead_reasoning.serving.protocol import arrays_to_requests, requests_to_arrays
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**7), st.floats(allow_nan=True),
                    st.text(max_size=8), st.lists(st.text(max_size=3), max_size=3))
@@ -66,3 +67,25 @@ def test_stop_string_ends_with_the_completing_token(engine_and_text, data):
     assert res.finish_reason == "stop"
     assert res.token_ids == free.token_ids[:k]
     assert stop in res.text and stop not in eng.decode(res.token_ids[:-1])
+
+
+_sampling = st.one_of(
+    st.just(SamplingParams()),
+    st.builds(SamplingParams, temperature=st.floats(0.0, 2.0, width=32), top_p=st.floats(0.0625, 1.0, width=32), top_k=st.integers(0, 50),
+              seed=st.one_of(st.none(), st.integers(0, 2**62))),
+)
+_spec = st.one_of(st.just(SpecDecodeConfig()), st.just(SpecDecodeConfig(method="ngram", num_speculative_tokens=6)))
+
+
+@given(prompts=st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=12), min_size=1, max_size=4),
+       sampling=st.lists(_sampling, min_size=4, max_size=4), spec=_spec,
+       stop=st.lists(st.text(min_size=1, max_size=4), max_size=2), max_new=st.integers(1, 100))
+def test_role_model_tensors_round_trip(prompts, sampling, spec, stop, max_new):
+    """What the BLS caller sends (defaults omitted) decodes to the same engine requests in the role model."""
+    reqs = [GenerationRequest(tuple(p), max_new, tuple(stop), sampling[i], spec) for i, p in enumerate(prompts)]
+    arrays = requests_to_arrays(reqs)
+    back = arrays_to_requests(arrays.get)
+    assert [(tuple(r.prompt_ids), r.max_new_tokens, r.stop, r.sampling, r.spec) for r in back] == \
+        [(tuple(r.prompt_ids), r.max_new_tokens, r.stop, r.sampling, r.spec) for r in reqs]
+    if all(s == SamplingParams() for s in sampling[: len(prompts)]) and spec == SpecDecodeConfig():
+        assert set(arrays) <= {"input_ids", "input_lengths", "max_tokens", "stop"}  # greedy calls stay small

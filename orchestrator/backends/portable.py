@@ -356,15 +356,22 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self._merge(group, new)
 
     def _prefill_shared(self, new: list[_Seq], prefixes: list[tuple[int, ...]]) -> None:
-        """Prefill, once, the longest common prefix of the new prompts if it is not cached yet."""
-        lcp = prefixes[0]
-        for p in prefixes[1:]:
-            n = 0
-            for a, b in zip(lcp, p):
-                if a != b:
-                    break
-                n += 1
-            lcp = lcp[:n]
+        """Prefill, once and in one row, what the new prompts share, if it is not cached yet.
+
+        ``prefixes`` are sorted by length. When each is a prefix of the longest (the target's branches of a
+        Lookahead Reasoning cycle: branch j is the context plus drafts 0..j-1) the longest is the shared part,
+        so every branch then reads its KV from the prefix cache instead of prefilling the drafts again per
+        row; otherwise the longest common prefix is.
+        """
+        lcp = prefixes[-1]
+        if not all(lcp[: len(p)] == p for p in prefixes[:-1]):
+            for p in prefixes[:-1]:
+                n = 0
+                for a, b in zip(lcp, p):
+                    if a != b:
+                        break
+                    n += 1
+                lcp = lcp[:n]
         bs = self.config.block_size
         if len(lcp) < bs:
             return

@@ -47,6 +47,9 @@ LR_INPUTS = ("text_input", "messages", "max_tokens", "stream", "temperature", "t
              "mode", "gamma", "judge", "async", "adaptive_gamma", "width", "delimiter", "max_step_tokens")
 
 
+_DEFAULT_SAMPLING, _DEFAULT_SPEC = SamplingParams(), SpecDecodeConfig()
+
+
 def _bytes(values: Sequence[str]) -> np.ndarray:
     return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
 
@@ -74,12 +77,17 @@ def requests_to_arrays(requests: Sequence[GenerationRequest]) -> dict[str, np.nd
         "input_ids": ids,
         "input_lengths": np.array([len(r.prompt_ids) for r in requests], dtype=np.int32),
         "max_tokens": np.array([r.max_new_tokens for r in requests], dtype=np.int32),
-        "temperature": np.array([r.sampling.temperature for r in requests], dtype=np.float32),
-        "top_p": np.array([r.sampling.top_p for r in requests], dtype=np.float32),
-        "top_k": np.array([r.sampling.top_k for r in requests], dtype=np.int32),
-        "seed": np.array([-1 if r.sampling.seed is None else r.sampling.seed for r in requests], dtype=np.int64),
-        "spec_decode": _bytes([spec.model_dump_json()]),
     }
+    # Optional inputs are sent only when they differ from the defaults the model applies: every tensor is
+    # one more shared-memory transfer per BLS call, and a greedy step call needs none of them.
+    if any(r.sampling != _DEFAULT_SAMPLING for r in requests):
+        arrays["temperature"] = np.array([r.sampling.temperature for r in requests], dtype=np.float32)
+        arrays["top_p"] = np.array([r.sampling.top_p for r in requests], dtype=np.float32)
+        arrays["top_k"] = np.array([r.sampling.top_k for r in requests], dtype=np.int32)
+        arrays["seed"] = np.array([-1 if r.sampling.seed is None else r.sampling.seed for r in requests],
+                                  dtype=np.int64)
+    if spec != _DEFAULT_SPEC:
+        arrays["spec_decode"] = _bytes([spec.model_dump_json()])
     if stop:
         arrays["stop"] = _bytes(stop)
     return arrays
