@@ -74,7 +74,7 @@ def test_draft_unloaded_mid_run_continues_target_only(fault_server):
 
     async def go():
         chunks = []
-        async for c in client.stream(PROMPT, mode="lr", judge="numeric", max_tokens=64):
+        async for c in client.stream(PROMPT, mode="lr", judge="exact", max_tokens=64):
             chunks.append(c)
             if len(chunks) == 1:
                 # a client of its own in the worker thread (the HTTP client's greenlets are bound to a thread)
@@ -87,7 +87,9 @@ def test_draft_unloaded_mid_run_continues_target_only(fault_server):
         ctl.load_model("draft")
     final = chunks[-1].metrics
     assert final["draft_failures"] >= 1
-    assert "".join(c.text for c in chunks) == ar.text  # the request completed, target-only after the fault
+    # exact judge + greedy is lossless, so the text equals ar whether a step came from the draft before the fault
+    # or from the target after it (a semantic judge may keep a draft wording and differ from ar legitimately)
+    assert "".join(c.text for c in chunks) == ar.text
     assert final["generated_tokens"] == ar.metrics["generated_tokens"]
 
 

@@ -386,7 +386,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         real = torch.ones((1, len(suffix)), dtype=torch.bool)
         self._forward(tmp, ids, pos, real, logits=False)
         self.prefix_cache.insert(lcp, tmp.row_kv(0))
-        new[0].counters.prefill_tokens_computed += len(suffix)
+        new[-1].counters.prefill_tokens_computed += len(suffix)  # the longest prompt: the others reuse it
 
     def _merge(self, group: BatchKVCache, seqs: list[_Seq]) -> None:
         if not self._running and not self.config.static_cache:
