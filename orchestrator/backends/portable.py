@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -365,13 +366,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         """
         lcp = prefixes[-1]
         if not all(lcp[: len(p)] == p for p in prefixes[:-1]):
-            for p in prefixes[:-1]:
-                n = 0
-                for a, b in zip(lcp, p):
-                    if a != b:
-                        break
-                    n += 1
-                lcp = lcp[:n]
+            lcp = tuple(os.path.commonprefix(prefixes))  # works on any sequences, not only strings
         bs = self.config.block_size
         if len(lcp) < bs:
             return
