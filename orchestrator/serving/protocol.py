@@ -125,14 +125,15 @@ def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
         return [cast(x) for x in arr]
 
     max_tokens = per_seq("max_tokens", 16, int)
-    temperature = per_seq("temperature", 0.0, float)
-    top_p = per_seq("top_p", 1.0, float)
-    top_k = per_seq("top_k", 0, int)
-    seed = per_seq("seed", -1, int)
+    # the same defaults requests_to_arrays leaves out (one source: SamplingParams)
+    temperature = per_seq("temperature", _DEFAULT_SAMPLING.temperature, float)
+    top_p = per_seq("top_p", _DEFAULT_SAMPLING.top_p, float)
+    top_k = per_seq("top_k", _DEFAULT_SAMPLING.top_k, int)
+    seed = per_seq("seed", -1 if _DEFAULT_SAMPLING.seed is None else _DEFAULT_SAMPLING.seed, int)
     stop_arr = get("stop")
     stop = tuple(_str(s) for s in stop_arr.reshape(-1)) if stop_arr is not None else ()
     spec_arr = get("spec_decode")
-    spec = SpecDecodeConfig.model_validate_json(_str(spec_arr.reshape(-1)[0])) if spec_arr is not None else SpecDecodeConfig()
+    spec = SpecDecodeConfig.model_validate_json(_str(spec_arr.reshape(-1)[0])) if spec_arr is not None else _DEFAULT_SPEC
     out = []
     for i in range(n):
         sampling = SamplingParams(temperature=temperature[i], top_p=top_p[i], top_k=top_k[i],
