@@ -18,10 +18,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def build_tiny_model(out: Path, seed: int = 0, layers: int = 2, hidden: int = 64, vocab: int = 320) -> Path:
+def build_tiny_model(out: Path, seed: int = 0, layers: int = 2, hidden: int = 64, vocab: int = 320,
+                     arch: str = "qwen3") -> Path:
+    """A random tiny checkpoint: ``arch`` is ``qwen3`` or ``llama`` (the two decoder families the demo trio and
+    SmolLM2 use; their forwards take the pre-built attention mask differently)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     corpus = [
         f"Step {i}: {a} + {b} = {a + b}.\n\nThe total is {a * b} apples." for i, (a, b) in
@@ -43,12 +46,13 @@ def build_tiny_model(out: Path, seed: int = 0, layers: int = 2, hidden: int = 64
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     torch.manual_seed(seed)
-    cfg = Qwen3Config(
+    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    cfg = config_cls(
         vocab_size=len(fast), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, intermediate_size=2 * hidden, max_position_embeddings=512,
         tie_word_embeddings=False, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
     )
-    model = Qwen3ForCausalLM(cfg)
+    model = model_cls(cfg)
     # Random weights give near-uniform logits; scale the head so greedy argmax has real margins
     # (untied, so the model does not just repeat its last token).
     with torch.no_grad():

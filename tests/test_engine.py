@@ -1,4 +1,4 @@
-"""The portable engine against plain transformers decoding, on real (tiny, random) Qwen3 checkpoints.
+"""The portable engine against plain transformers decoding, on real (tiny, random) Qwen3 and Llama checkpoints.
 
 Greedy fp32 outputs must be token-identical with and without the prefix cache, with and without each
 token-level SD method, batched vs one by one, and concurrent vs sequential.
@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
 
-from conftest import DEMO
+from conftest import DEMO, build_tiny_model
 
 NGRAM = SpecDecodeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3)
 DRAFT = SpecDecodeConfig(method="draft_model", num_speculative_tokens=3)
@@ -28,11 +28,16 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["tiny", "demo"])
-def model_dirs(request, tiny_model_dir, tiny_draft_dir):
-    """(target, draft) checkpoints: a random tiny Qwen3 pair, and the committed demo target and draft."""
+@pytest.fixture(scope="module", params=["tiny", "tiny-llama", "demo"])
+def model_dirs(request, tiny_model_dir, tiny_draft_dir, tmp_path_factory):
+    """(target, draft) checkpoints: a random tiny Qwen3 pair, a random tiny Llama pair (SmolLM2's family), and
+    the committed demo target and draft."""
     if request.param == "tiny":
         return str(tiny_model_dir), str(tiny_draft_dir)
+    if request.param == "tiny-llama":
+        target = build_tiny_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama")
+        draft = build_tiny_model(tmp_path_factory.mktemp("tiny_llama_draft"), seed=1, layers=1, hidden=32, arch="llama")
+        return str(target), str(draft)
     return str(DEMO / "target"), str(DEMO / "draft")
 
 

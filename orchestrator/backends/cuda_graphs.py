@@ -102,14 +102,15 @@ class GraphRunner:
         model: the causal LM (on CUDA, eval mode).
         cache: the engine's :class:`StaticBatchKVCache`.
         cache_kw: the forward's cache argument name (``cache`` or ``past_key_values``).
-        mask_keys: the attention-mask mapping keys the model reads (``full_attention`` ...).
+        mask_arg: turns the 4-D mask into the forward's ``attention_mask`` argument (the tensor, or the
+            per-layer-type mapping of models with sliding-window layers).
         batch_sizes: captured row counts; a batch is padded up to the next one (larger batches run eagerly).
         widths: captured new-position counts (1 for decoding; ``1 + k`` with ``k`` speculative tokens).
     """
 
-    def __init__(self, model, cache: StaticBatchKVCache, cache_kw: str, mask_keys: list[str],
+    def __init__(self, model, cache: StaticBatchKVCache, cache_kw: str, mask_arg,
                  batch_sizes=(1, 2, 4, 8), widths=(1,)) -> None:
-        self.model, self.cache, self.cache_kw, self.mask_keys = model, cache, cache_kw, mask_keys
+        self.model, self.cache, self.cache_kw, self.mask_arg = model, cache, cache_kw, mask_arg
         self.batch_sizes = tuple(sorted(batch_sizes))
         self.widths = tuple(sorted(widths))
         self.graphs: dict[tuple[int, int], tuple] = {}
@@ -121,7 +122,7 @@ class GraphRunner:
         return (b, new) if b is not None and new in self.widths else None
 
     def _forward(self, ids, pos, mask):
-        kwargs = {"input_ids": ids, "position_ids": pos, "attention_mask": {k: mask for k in self.mask_keys},
+        kwargs = {"input_ids": ids, "position_ids": pos, "attention_mask": self.mask_arg(mask),
                   self.cache_kw: self.cache, "use_cache": True}
         return self.model(**kwargs).logits
 

@@ -15,8 +15,9 @@ What it does per engine instance (one background scheduler thread):
   verified inside the same batched forward (see :mod:`.spec_decode`).
 
 The model is driven through its standard ``forward(input_ids, attention_mask, position_ids, cache)``;
-``attention_mask`` is passed as the ``{"full_attention": mask}`` mapping transformers' decoder models accept
-for pre-built masks, so the same code serves Llama, Qwen2 and Qwen3 checkpoints.
+``attention_mask`` is a pre-built 4-D mask, which transformers' ``create_causal_mask`` returns as it is (for
+models with sliding-window layers, the ``{"full_attention": mask, "sliding_attention": mask}`` mapping their
+forward accepts instead), so the same code serves Llama, Qwen2 and Qwen3 checkpoints.
 """
 
 from __future__ import annotations
@@ -141,9 +142,8 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self._head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._mask_keys = ["full_attention"] + (
-            ["sliding_attention"] if "sliding_attention" in (getattr(mc, "layer_types", None) or []) else []
-        )
+        sliding = "sliding_attention" in (getattr(mc, "layer_types", None) or [])
+        self._mask_arg = (lambda m: {"full_attention": m, "sliding_attention": m}) if sliding else (lambda m: m)
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
         self.prefix_cache = PrefixCache(config.block_size, int(config.prefix_cache_mb * (1 << 20)))
@@ -152,7 +152,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         if config.cuda_graphs:
             from .cuda_graphs import GraphRunner
 
-            self._graphs = GraphRunner(self.model, self._cache, self._cache_kw, self._mask_keys,
+            self._graphs = GraphRunner(self.model, self._cache, self._cache_kw, self._mask_arg,
                                        config.graph_batch_sizes, config.graph_widths)
         self._running: list[_Seq] = []
         self._pending: list[_Seq] = []
@@ -402,7 +402,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         kwargs = {
             "input_ids": ids.to(self.device),
             "position_ids": pos.to(self.device),
-            "attention_mask": {k: mask for k in self._mask_keys},
+            "attention_mask": self._mask_arg(mask),
             self._cache_kw: cache,
             "use_cache": True,
         }
