@@ -5,7 +5,7 @@ Each run is NAME=key:value;key:value (LROptions overrides: mode, gamma, judge, d
 async). The first run should be `ar` (speedups are relative to it, on the same questions).
 
 Usage:
-  python benchmarks/out/smollm2_runs.py --limit 30 --out benchmarks/out/smollm2_delimiter.json \
+  python benchmarks/smollm2_runs.py --limit 30 --out benchmarks/out/smollm2_delimiter.json \
       --run "ar=mode:ar" --run "lr_nl=mode:lr;delimiter:\\n" --run "lr_nlnl=mode:lr;delimiter:\\n\\n"
 """
 

@@ -2,7 +2,7 @@
 streaming through `lookahead_reasoning.serving.client.TritonLRClient`) and in-process (`LookaheadReasoner` on the
 same profile), greedy, same seed: are the outputs equal?
 
-Usage: python benchmarks/out/smollm2_triton_compare.py [--n 10] [--modes ar,sd,lr,lr+sd] [--out FILE]
+Usage: python benchmarks/smollm2_triton_compare.py [--n 10] [--modes ar,sd,lr,lr+sd] [--out FILE]
 """
 
 from __future__ import annotations

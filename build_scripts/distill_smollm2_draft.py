@@ -670,7 +670,7 @@ of 3; target {cm.get('target_threads')} thread(s), draft 1): target {f(cm.get('t
 {f(cm.get('draft_step_ms'), 2)} ms/token, **c = {f(cm.get('c'))}**; b(n) = {cm.get('b')}.
 
 End-to-end accuracy and speed of the `smollm2` profile (ar / sd / lr / lr+sd on GSM8K test, the Triton run,
-the LLM-judge option): `benchmarks/RESULTS_smollm2.md`.
+the LLM-judge option): `benchmarks/RESULTS.md`, section "SmolLM2-135M-Instruct".
 
 Machine: {report.get('machine')}. Wall time of the whole build: {report.get('wall_minutes', 0):.0f} min.
 """
