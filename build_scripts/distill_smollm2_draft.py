@@ -27,7 +27,7 @@ Reproduces ``engines/smollm2/draft`` (the draft of the ``smollm2`` profile) and 
 
 Usage::
 
-    nice -n 5 python build_scripts/distill_smollm2_draft.py                      # full run (CPU: ~2 h)
+    nice -n 5 python build_scripts/distill_smollm2_draft.py --threads 2          # full run (CPU: ~70 min)
     python build_scripts/distill_smollm2_draft.py --quick --out /tmp/sm --work /tmp/smw   # smoke run (~1 min)
     python build_scripts/distill_smollm2_draft.py --stages eval                  # re-evaluate the export
     python build_scripts/distill_smollm2_draft.py --device cuda --gen-minutes 10  # on a GPU (auto-detected)
@@ -618,7 +618,7 @@ a float checkpoint and cached by `lookahead_reasoning.model_refs`; never committ
 
 Draft (`draft/`, committed): distilled from the target's own greedy answers by
 `build_scripts/distill_smollm2_draft.py` (seed {args.seed}). Reproduce with
-`nice -n 5 python build_scripts/distill_smollm2_draft.py` (stages cached under `--work`).
+`nice -n 5 python build_scripts/distill_smollm2_draft.py --threads 2` (stages cached under `--work`).
 
 ## Architecture
 
@@ -638,7 +638,7 @@ The target's greedy answers (chat template, the question as the user message, `m
 of GSM8K train questions and generated problems (`lookahead_reasoning.synthetic`, difficulties 1-4, seeds
 derived from {args.seed}; never the evaluation seeds). {int(100 * (1 - args.plain_fraction))}% of prompts carry
 the evaluation's instruction (`Please reason step by step, and put your final answer within \\boxed{{}}.`), the
-rest are the plain question. The corpus (not committed) is `{args.work}/corpus.jsonl`.
+rest are the plain question. The corpus (not committed) is `corpus.jsonl` under `--work`.
 
 - answers: {corpus.get('answers')} ({corpus.get('gsm8k')} GSM8K train, {corpus.get('synthetic')} generated),
   {gen.get('tokens')} answer tokens, {corpus.get('eos_fraction', 0) * 100:.0f}% ended by EOS (the rest cut at
@@ -693,7 +693,7 @@ def corpus_stats(args) -> dict:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "engines" / "smollm2"), help="writes OUT/draft and OUT/README.md")
-    ap.add_argument("--work", default="/work/scratch/smollm2_distill", help="corpus and training state (cache)")
+    ap.add_argument("--work", default=str(REPO / "build" / "smollm2_distill"), help="corpus and training state (cache; build/ is git-ignored)")
     ap.add_argument("--target", default=TARGET_REF, help="target model reference")
     ap.add_argument("--stages", default="gen,train,export,eval")
     ap.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda")
@@ -701,7 +701,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny budgets")
     g = ap.add_argument_group("generation")
-    g.add_argument("--gen-minutes", type=float, default=60.0, help="generation time budget (summed over resumes)")
+    g.add_argument("--gen-minutes", type=float, default=40.0, help="generation time budget (summed over resumes)")
     g.add_argument("--gen-max-questions", type=int, default=None)
     g.add_argument("--synthetic-fraction", type=float, default=0.3, help="share of generated problems")
     g.add_argument("--plain-fraction", type=float, default=0.15, help="share of prompts without the instruction")
@@ -710,14 +710,14 @@ def parse_args(argv=None):
     g.add_argument("--max-new-tokens", type=int, default=256)
     m = ap.add_argument_group("draft model")
     m.add_argument("--hidden", type=int, default=64)
-    m.add_argument("--layers", type=int, default=2)
+    m.add_argument("--layers", type=int, default=4)
     m.add_argument("--heads", type=int, default=4)
     m.add_argument("--kv-heads", type=int, default=2)
     m.add_argument("--intermediate", type=int, default=256)
     m.add_argument("--emb-init-scale", type=float, default=0.1, help="row RMS of the SVD-initialised embedding")
     m.add_argument("--max-mb", type=float, default=10.0, help="largest allowed draft folder, MB (1e6 bytes)")
     t = ap.add_argument_group("training")
-    t.add_argument("--train-minutes", type=float, default=40.0)
+    t.add_argument("--train-minutes", type=float, default=25.0)
     t.add_argument("--train-steps", type=int, default=6000)
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--min-lr-ratio", type=float, default=0.05)
