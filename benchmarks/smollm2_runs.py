@@ -91,6 +91,8 @@ def main(argv=None) -> int:
                 doc["runs"][name] = {"options": opts.model_dump(mode="json"), "items": per,
                                      "summary": summarize(per)}
                 print(name, json.dumps(doc["runs"][name]["summary"]), file=sys.stderr, flush=True)
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")  # finished runs survive an interrupt
     finally:
         close_reasoner(reasoner)
     base = next(iter(doc["runs"].values()))["summary"]

@@ -3,6 +3,11 @@ streaming through `lookahead_reasoning.serving.client.TritonLRClient`) and in-pr
 same profile), greedy, same seed: are the outputs equal?
 
 Usage: python benchmarks/smollm2_triton_compare.py [--n 10] [--modes ar,sd,lr,lr+sd] [--out FILE]
+           [--reference RUNS.json]
+
+`--reference` takes the in-process texts from an earlier `benchmarks/smollm2_runs.py` output (run names equal to
+the modes, same profile and dataset, greedy) instead of generating them again: on this 2-core CPU each side of
+the comparison costs about 30 minutes for 10 questions in all four modes.
 """
 
 from __future__ import annotations
@@ -65,6 +70,47 @@ def stop_server(proc) -> None:
             proc.wait()
 
 
+def run_in_process(args, modes, items, doc) -> dict[str, list[dict]]:
+    from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
+
+    t0 = time.time()
+    profile = load_profile(args.profile)
+    reasoner = build_reasoner(profile, need_draft=True, need_judge=profile.options.judge.name == "llm")
+    local: dict[str, list[dict]] = {}
+    try:
+        for mode in modes:
+            local[mode] = []
+            opts = reasoner.options(mode=mode, sampling={"temperature": 0.0, "seed": args.seed})
+            for it in items:
+                t = time.perf_counter()
+                res = reasoner.run(None, [dict(m) for m in it.messages], opts)
+                local[mode].append({"id": it.id, "text": res.text, "seconds": time.perf_counter() - t,
+                                    "metrics": res.metrics.to_dict()})
+    finally:
+        close_reasoner(reasoner)
+    doc["in_process_wall_seconds"] = time.time() - t0
+    return local
+
+
+def reference_texts(path: Path, args, modes, items) -> dict[str, list[dict]]:
+    """In-process rows from a `smollm2_runs.py` output; raises ValueError where that run differs from this one."""
+    ref = json.loads(path.read_text())
+    if ref["profile"] != args.profile or ref["dataset"] != args.dataset or ref.get("offset", 0) != 0:
+        raise ValueError(f"{path}: profile/dataset/offset differ from this run")
+    local = {}
+    for mode in modes:
+        run = ref["runs"].get(mode)
+        if run is None or run["options"]["mode"] != mode or run["options"]["sampling"]["temperature"] != 0.0:
+            raise ValueError(f"{path}: no greedy run named {mode!r}")
+        by_id = {r["id"]: r for r in run["items"]}
+        missing = [it.id for it in items if it.id not in by_id]
+        if missing:
+            raise ValueError(f"{path}: run {mode!r} lacks items {missing}")
+        local[mode] = [{"id": it.id, "text": by_id[it.id]["text"], "metrics": by_id[it.id]["metrics"],
+                        "seconds": by_id[it.id]["metrics"]["seconds"]} for it in items]
+    return local
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--profile", default="smollm2")
@@ -73,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="ar,sd,lr,lr+sd")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/out/smollm2_triton.json")
+    ap.add_argument("--reference", help="smollm2_runs.py output to take the in-process texts from")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     items = load_items(args.dataset, args.n)
@@ -80,6 +127,9 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     doc: dict = {"command": " ".join([sys.argv[0]] + (argv or sys.argv[1:])), "profile": args.profile,
                  "dataset": args.dataset, "n": len(items), "seed": args.seed, "temperature": 0.0, "modes": {}}
+
+    # The reference is checked before the (long) served run.
+    local = reference_texts(Path(args.reference), args, modes, items) if args.reference else None
 
     # 1. Through Triton (gRPC streaming).
     from lookahead_reasoning.serving.client import TritonLRClient
@@ -104,25 +154,11 @@ def main(argv=None) -> int:
         stop_server(proc)
     doc["triton_wall_seconds"] = time.time() - t0
 
-    # 2. In-process, same profile and options.
-    from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
-
-    t0 = time.time()
-    profile = load_profile(args.profile)
-    reasoner = build_reasoner(profile, need_draft=True, need_judge=profile.options.judge.name == "llm")
-    local: dict[str, list[dict]] = {}
-    try:
-        for mode in modes:
-            local[mode] = []
-            opts = reasoner.options(mode=mode, sampling={"temperature": 0.0, "seed": args.seed})
-            for it in items:
-                t = time.perf_counter()
-                res = reasoner.run(None, [dict(m) for m in it.messages], opts)
-                local[mode].append({"id": it.id, "text": res.text, "seconds": time.perf_counter() - t,
-                                    "metrics": res.metrics.to_dict()})
-    finally:
-        close_reasoner(reasoner)
-    doc["in_process_wall_seconds"] = time.time() - t0
+    # 2. In-process, same profile and options (or an earlier in-process run of them).
+    if local is None:
+        local = run_in_process(args, modes, items, doc)
+    else:
+        doc["in_process_reference"] = args.reference
 
     for mode in modes:
         rows = []

@@ -88,10 +88,11 @@ def test_memory_bounded_over_500_sequential_requests(tiny_server, tiny_profile_y
     assert growth < 64 * 1024, samples  # < 64 MiB over 400 more requests: bounded, not leaking per request
 
 
-@pytest.mark.xfail(run=False, reason="open defect (issue 8): passes alone and with the bad-request catalogue on the same "
-                   "server (3 runs, 6 s), but in a full-suite run on a shared CPU one of the 4 uncancelled streams "
-                   "never finished within 600 s (the lookahead_reasoning model then did not unload at shutdown)")
 def test_cancelling_half_frees_engine_state(tiny_server):
+    # History (issue 8): this hung once, in a full-suite run on a shared CPU, before the orchestrator model got its
+    # own BLS executor (asyncio's default held a 2-core host to six role-model calls in flight); since then it
+    # passed 30 times alone and in file-level runs after the 64-stream and 500-request tests. A recurrence names
+    # the streams that did not finish and the engine gauges instead of only timing out.
     client = TritonLRClient(tiny_server.grpc_url, "grpc")
     prompts = _prompts(8)
     key = 'lr_requests_cancelled_total{mode="lr+sd"}'
@@ -107,7 +108,14 @@ def test_cancelling_half_frees_engine_state(tiny_server):
 
     async def go():
         tasks = [asyncio.ensure_future(run_one(p, cancel=i % 2 == 0)) for i, p in enumerate(prompts)]
-        return await asyncio.wait_for(asyncio.gather(*tasks), timeout=600)
+        done, pending = await asyncio.wait(tasks, timeout=300)
+        if pending:
+            for t in pending:
+                t.cancel()
+            stuck = [i for i, t in enumerate(tasks) if t in pending]
+            gauges = {k: v for k, v in scrape(tiny_server).items() if "active" in k or "in_flight" in k}
+            pytest.fail(f"streams {stuck} (even = cancelled after one chunk) unfinished after 300 s; {gauges}")
+        return [t.result() for t in tasks]
 
     out = asyncio.run(go())
     assert out.count("cancelled") == 4 and out.count("done") == 4
