@@ -91,8 +91,7 @@ def main(argv=None) -> int:
                 doc["runs"][name] = {"options": opts.model_dump(mode="json"), "items": per,
                                      "summary": summarize(per)}
                 print(name, json.dumps(doc["runs"][name]["summary"]), file=sys.stderr, flush=True)
-                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")  # finished runs survive an interrupt
+                write(args.out, doc)  # finished runs survive an interrupt
     finally:
         close_reasoner(reasoner)
     base = next(iter(doc["runs"].values()))["summary"]
@@ -101,10 +100,14 @@ def main(argv=None) -> int:
         s["speedup_vs_first"] = s["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None
         s["latency_speedup_vs_first"] = base["seconds"] / s["seconds"] if s["seconds"] else None
     doc["wall_seconds"] = time.time() - t0
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    write(args.out, doc)
     print(json.dumps({k: v["summary"] for k, v in doc["runs"].items()}, indent=2))
     return 0
+
+
+def write(path: str, doc: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def summarize(per: list[dict]) -> dict:
