@@ -156,7 +156,6 @@ class LookaheadReasoningModel:
         self.max_prompt_bytes = int(params.get("max_prompt_bytes") or 65536)
         self.max_concurrency = int(params.get("max_concurrency") or 256)
         self.active = 0
-        self._bls_pool = None
         self._metrics()
 
     def _metrics(self) -> None:
@@ -200,25 +199,12 @@ class LookaheadReasoningModel:
             self._metric("acceptance", mode=mode).set(tot[0] / tot[1])
 
     async def execute(self, requests):
-        if self._bls_pool is None:
-            self._use_bls_pool()
+        # BLS ``async_exec`` runs in the loop's default executor (python_backend ``src/pb_stub.cc``), which asyncio
+        # sizes min(32, cores + 4). A larger executor (3 x max_concurrency threads) was tried on 2026-11-30 and
+        # removed: with it the stub hit glibc heap corruption ("malloc_consolidate(): invalid chunk size",
+        # "double free or corruption") in 2 of 5 runs of tests/test_load.py, and in 0 of 4 without it.
         await asyncio.gather(*(self._one(r) for r in requests))
         return None
-
-    def _use_bls_pool(self) -> None:
-        """Give the event loop a default executor large enough for every BLS call in flight.
-
-        ``InferenceRequest.async_exec`` runs the blocking ``Exec`` in the running loop's *default* executor
-        (python_backend ``src/pb_stub.cc``: ``loop.run_in_executor(None, ...)``), whose size asyncio sets to
-        ``min(32, cpu_count + 4)``: six threads on a 2-core host, so a seventh concurrent role-model call waited
-        for a free thread, serialising requests under load. Each request has at most three calls in flight
-        (draft, target and judge in the asynchronous loop), so the pool holds ``3 * max_concurrency`` threads
-        (created only as needed).
-        """
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._bls_pool = ThreadPoolExecutor(max_workers=3 * self.max_concurrency, thread_name_prefix="bls")
-        asyncio.get_running_loop().set_default_executor(self._bls_pool)
 
     def _response(self, text: str, metrics: str):
         pb = self.pb
@@ -280,7 +266,3 @@ class LookaheadReasoningModel:
         finally:
             self.active -= 1
             self._metric("in_flight").set(self.active)
-
-    def finalize(self) -> None:
-        if self._bls_pool is not None:
-            self._bls_pool.shutdown(wait=False, cancel_futures=True)
