@@ -1,13 +1,19 @@
 """Engine backend that calls a Triton role model (``draft`` / ``target`` / ``judge``) over BLS.
 
 Used inside the ``lookahead_reasoning`` Triton model (``async def execute``): each engine call becomes one
-``pb_utils.InferenceRequest`` to the role model, awaited with ``async_exec(decoupled=True)`` (the role models
-are decoupled so that concurrent calls interleave and join the engine's in-flight batch). Tensor layout:
+``pb_utils.InferenceRequest`` to the role model (the role models are decoupled so that concurrent calls
+interleave and join the engine's in-flight batch). The call is the synchronous ``exec(decoupled=True)`` plus
+the iteration of its response iterator, run in a worker thread of the event loop's executor and awaited.
+Not ``async_exec``: in the python_backend this project's Triton bundles, its executor callback holds a
+dangling reference to the stub (a use-after-free fixed upstream in triton-inference-server/python_backend
+PR #439, June 2026), the likely cause of the glibc heap corruption the orchestrator's stub showed here under
+concurrent load with ``async_exec``; and iterating a decoupled response iterator on the event loop thread would block the loop. Tensor layout:
 :mod:`lookahead_reasoning.serving.protocol`. Only importable inside a Triton Python-backend process.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Sequence
 
 from ..serving.protocol import arrays_to_results, requests_to_arrays
@@ -15,6 +21,11 @@ from .base import GenerationRequest, GenerationResult
 from .tokenizer import TokenizerAccess
 
 OUTPUTS = ["output_ids", "output_lengths", "text_output", "finish_reason", "counters"]
+
+
+def _exec_all(req) -> list:
+    """Run one decoupled BLS request to completion in the calling (worker) thread: every response, in order."""
+    return list(req.exec(decoupled=True))
 
 
 class TritonBLSEngine(TokenizerAccess):
@@ -66,7 +77,7 @@ class TritonBLSEngine(TokenizerAccess):
                     kwargs["timeout"] = int(self.timeout_s * 1e6)  # microseconds
                 req = pb.InferenceRequest(model_name=self.model_name, inputs=inputs,
                                           requested_output_names=OUTPUTS, **kwargs)
-                responses = await req.async_exec(decoupled=True)
+                responses = await asyncio.get_running_loop().run_in_executor(None, _exec_all, req)
                 got = None
                 for resp in responses:
                     if resp.has_error():

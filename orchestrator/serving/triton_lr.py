@@ -199,10 +199,8 @@ class LookaheadReasoningModel:
             self._metric("acceptance", mode=mode).set(tot[0] / tot[1])
 
     async def execute(self, requests):
-        # BLS ``async_exec`` runs in the loop's default executor (python_backend ``src/pb_stub.cc``), which asyncio
-        # sizes min(32, cores + 4). A larger executor (3 x max_concurrency threads) was tried on 2026-11-30 and
-        # removed: with it the stub hit glibc heap corruption ("malloc_consolidate(): invalid chunk size",
-        # "double free or corruption") in 2 of 5 runs of tests/test_load.py, and in 0 of 4 without it.
+        # Requests run side by side; their BLS calls run in the loop's default executor (TritonBLSEngine, which
+        # also says why it does not use ``async_exec``).
         await asyncio.gather(*(self._one(r) for r in requests))
         return None
 
