@@ -145,11 +145,23 @@ def _stream_to_stdout(reasoner, prompt, messages, opts):
     return asyncio.run(go())
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def cmd_serve(args) -> int:
     from .serving.server import ServerConfig, TritonServer, prepare_repository, serve_forever
 
     limits = {"max_tokens_limit": str(args.max_tokens_limit), "max_prompt_bytes": str(args.max_prompt_bytes),
-              "max_concurrency": str(args.max_concurrency), "call_timeout_s": str(args.call_timeout_s or 0),
+              "max_concurrency": str(args.max_concurrency), "bls_threads": str(args.bls_threads),
+              "call_timeout_s": str(args.call_timeout_s or 0),
               "judge_timeout_s": str(args.judge_timeout_s or 0), "draft_timeout_s": str(args.draft_timeout_s or 0),
               "target_timeout_s": str(args.target_timeout_s or 0)}
     repo = prepare_repository(args.profile, args.config, args.model_repository, limits)
@@ -241,9 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, default=8002)
     s.add_argument("--openai-port", type=int, default=None, help="also serve the OpenAI-compatible front here")
     s.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
-    s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
-    s.add_argument("--max-prompt-bytes", type=int, default=65536)
-    s.add_argument("--max-concurrency", type=int, default=256, help="requests in flight before refusing")
+    s.add_argument("--max-tokens-limit", type=_positive_int, default=4096, help="largest max_tokens a request may ask")
+    s.add_argument("--max-prompt-bytes", type=_positive_int, default=65536)
+    s.add_argument("--max-concurrency", type=_positive_int, default=256, help="requests in flight before refusing")
+    s.add_argument("--bls-threads", type=_positive_int, default=64,
+                   help="worker threads for the orchestrator's BLS calls (role-model calls in flight at once)")
     s.add_argument("--call-timeout-s", type=float, default=None, help="timeout of each call to a role model")
     s.add_argument("--judge-timeout-s", type=float, default=None, help="per judge call; slower = drafts rejected")
     s.add_argument("--draft-timeout-s", type=float, default=None, help="per draft call; slower = target-only")

@@ -64,3 +64,11 @@ def test_empty_prompt_and_unknown_profile(tiny_profile):
     assert out.returncode != 0 and "--profile" in out.stderr
     out = _cli("eval", "--config", tiny_profile, "--modes", "ar,warp")
     assert out.returncode != 0 and "--modes" in out.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--bls-threads", "0"), ("--max-concurrency", "-3"),
+                                         ("--max-tokens-limit", "x"), ("--max-prompt-bytes", "0")])
+def test_serve_limits_must_be_positive(flag, value):
+    out = _cli("serve", flag, value)  # rejected while parsing, before any server starts
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and flag in lines[0], out.stderr

@@ -3,7 +3,8 @@
 Used inside the ``lookahead_reasoning`` Triton model (``async def execute``): each engine call becomes one
 ``pb_utils.InferenceRequest`` to the role model (the role models are decoupled so that concurrent calls
 interleave and join the engine's in-flight batch). The call is the synchronous ``exec(decoupled=True)`` plus
-the iteration of its response iterator, run in a worker thread of the event loop's executor and awaited.
+the iteration of its response iterator, run in a worker thread (the given executor, else the event loop's
+default one) and awaited; the executor's size caps the BLS calls in flight.
 Not ``async_exec``: in the python_backend this project's Triton bundles, its executor callback holds a
 dangling reference to the stub (a use-after-free fixed upstream in triton-inference-server/python_backend
 PR #439, June 2026), the likely cause of the glibc heap corruption the orchestrator's stub showed here under
@@ -14,6 +15,7 @@ concurrent load with ``async_exec``; and iterating a decoupled response iterator
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Executor
 from typing import Sequence
 
 from ..serving.protocol import arrays_to_results, requests_to_arrays
@@ -35,6 +37,8 @@ class TritonBLSEngine(TokenizerAccess):
         model_name: the role model's name in the repository.
         checkpoint: local checkpoint folder (tokenizer, config) of the model the role serves.
         timeout_s: per-call timeout passed to Triton (None: no timeout).
+        executor: threads that run the blocking BLS calls (None: the event loop's default executor, which asyncio
+            sizes min(32, cores + 4)).
 
     Raises:
         ImportError: outside a Triton Python-backend process (``triton_python_backend_utils`` missing).
@@ -42,12 +46,14 @@ class TritonBLSEngine(TokenizerAccess):
 
     name = "triton-bls"
 
-    def __init__(self, model_name: str, checkpoint: str, timeout_s: float | None = None) -> None:
+    def __init__(self, model_name: str, checkpoint: str, timeout_s: float | None = None,
+                 executor: Executor | None = None) -> None:
         import triton_python_backend_utils as pb_utils  # noqa: F401 - fails clearly outside Triton
 
         self._pb = pb_utils
         self.model_name = model_name
         self.timeout_s = timeout_s
+        self.executor = executor
         self._load_tokenizer(checkpoint)
         self.in_flight = 0
 
@@ -77,7 +83,7 @@ class TritonBLSEngine(TokenizerAccess):
                     kwargs["timeout"] = int(self.timeout_s * 1e6)  # microseconds
                 req = pb.InferenceRequest(model_name=self.model_name, inputs=inputs,
                                           requested_output_names=OUTPUTS, **kwargs)
-                responses = await asyncio.get_running_loop().run_in_executor(None, _exec_all, req)
+                responses = await asyncio.get_running_loop().run_in_executor(self.executor, _exec_all, req)
                 got = None
                 for resp in responses:
                     if resp.has_error():

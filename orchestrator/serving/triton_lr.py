@@ -8,7 +8,8 @@ sends one response per decided step when ``stream`` is true (``text_output`` = t
 request's metrics as JSON (with ``stream`` false: one response with the whole text and the metrics). Requests run side by side.
 
 Limits (model parameters): ``max_tokens_limit`` (largest ``max_tokens`` accepted), ``max_prompt_bytes``,
-``max_concurrency`` (requests in flight in this instance; more are refused), ``call_timeout_s`` (per BLS
+``max_concurrency`` (requests in flight in this instance; more are refused), ``bls_threads`` (worker threads
+for BLS calls to the role models, so the most role-model calls in flight at once), ``call_timeout_s`` (per BLS
 call, enforced by Triton), ``judge_timeout_s`` / ``draft_timeout_s`` / ``target_timeout_s`` (per call of that
 role, enforced by the loop: a slow judge rejects the drafts, a slow draft turns the request target-only, a slow
 target is an error). Custom metrics (``pb_utils.MetricFamily``, Triton's metrics port): ``lr_requests_total``,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -144,9 +146,10 @@ class LookaheadReasoningModel:
         self.profile = load_model_profile(params)
         timeout = float(params.get("call_timeout_s") or 0) or None
         p = self.profile
-        target = TritonBLSEngine("target", str(p.target.resolved_path()), timeout)
-        draft = TritonBLSEngine("draft", str(p.draft.resolved_path()), timeout) if p.draft else None
-        judge = TritonBLSEngine("judge", str(p.judge.resolved_path()), timeout) if p.judge else None
+        self.pool = ThreadPoolExecutor(int(params.get("bls_threads") or 64), thread_name_prefix="lr-bls")
+        target = TritonBLSEngine("target", str(p.target.resolved_path()), timeout, self.pool)
+        draft = TritonBLSEngine("draft", str(p.draft.resolved_path()), timeout, self.pool) if p.draft else None
+        judge = TritonBLSEngine("judge", str(p.judge.resolved_path()), timeout, self.pool) if p.judge else None
         timeouts = {k: float(params[k]) for k in ("judge_timeout_s", "draft_timeout_s", "target_timeout_s")
                     if float(params.get(k) or 0) > 0}
         defaults = p.options.model_copy(update=timeouts) if timeouts else p.options
@@ -199,8 +202,8 @@ class LookaheadReasoningModel:
             self._metric("acceptance", mode=mode).set(tot[0] / tot[1])
 
     async def execute(self, requests):
-        # Requests run side by side; their BLS calls run in the loop's default executor (TritonBLSEngine, which
-        # also says why it does not use ``async_exec``).
+        # Requests run side by side; their BLS calls run in ``self.pool`` (TritonBLSEngine says why not
+        # ``async_exec``).
         await asyncio.gather(*(self._one(r) for r in requests))
         return None
 
@@ -264,3 +267,6 @@ class LookaheadReasoningModel:
         finally:
             self.active -= 1
             self._metric("in_flight").set(self.active)
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
