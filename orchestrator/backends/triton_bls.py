@@ -8,8 +8,8 @@ default one) and awaited; the executor's size caps the BLS calls in flight.
 Not ``async_exec``: in the python_backend this project's Triton bundles, its executor callback holds a
 dangling reference to the stub (a use-after-free fixed upstream in triton-inference-server/python_backend
 PR #439, June 2026), the likely cause of the glibc heap corruption the orchestrator's stub showed here under
-concurrent load with ``async_exec``; and iterating a decoupled response iterator on the event loop thread would block the loop. Tensor layout:
-:mod:`lookahead_reasoning.serving.protocol`. Only importable inside a Triton Python-backend process.
+concurrent load with ``async_exec``; and iterating a decoupled response iterator on the event loop thread
+would block the loop. Tensor layout: :mod:`lookahead_reasoning.serving.protocol`. Only importable inside a Triton Python-backend process.
 """
 
 from __future__ import annotations
