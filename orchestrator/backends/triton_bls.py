@@ -9,7 +9,8 @@ Not ``async_exec``: in the python_backend this project's Triton bundles, its exe
 dangling reference to the stub (a use-after-free fixed upstream in triton-inference-server/python_backend
 PR #439, June 2026), the likely cause of the glibc heap corruption the orchestrator's stub showed here under
 concurrent load with ``async_exec``; and iterating a decoupled response iterator on the event loop thread
-would block the loop. Tensor layout: :mod:`lookahead_reasoning.serving.protocol`. Only importable inside a Triton Python-backend process.
+would block the loop. Tensor layout: :mod:`lookahead_reasoning.serving.protocol`. Only importable inside a
+Triton Python-backend process.
 """
 
 from __future__ import annotations
