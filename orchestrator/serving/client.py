@@ -146,10 +146,12 @@ class TritonLRClient:
                     raise ServerError(str(error.message() if hasattr(error, "message") else error))
                 resp = result.get_response()
                 final = resp.parameters.get("triton_final_response")
-                if result.as_numpy("text_output") is not None:
-                    text = result.as_numpy("text_output").reshape(-1)[0].decode()
-                    metrics = result.as_numpy("metrics").reshape(-1)[0].decode()
-                    yield _chunk(text, metrics)
+                text_arr, metrics_arr = result.as_numpy("text_output"), result.as_numpy("metrics")
+                if text_arr is not None:
+                    if text_arr.size != 1 or metrics_arr is None or metrics_arr.size != 1:
+                        raise ServerError(f"malformed response: text_output shape {list(text_arr.shape)}, metrics "
+                                          f"shape {None if metrics_arr is None else list(metrics_arr.shape)}")
+                    yield _chunk(text_arr.reshape(-1)[0].decode(), metrics_arr.reshape(-1)[0].decode())
                 if final is not None and final.bool_param:
                     break
         finally:
