@@ -91,7 +91,7 @@ def render_repository(out: str | Path, profile: str | None = None, profile_confi
         roles: role models the profile has.
         threads: torch threads per role model process (keep the sum at the core count).
         limits: extra parameters of the ``lookahead_reasoning`` model (max_tokens_limit, max_prompt_bytes,
-            max_concurrency, call_timeout_s).
+            max_concurrency, bls_threads, call_timeout_s, role timeouts).
     Returns:
         the repository path.
     """
