@@ -3,7 +3,8 @@
 Runs ``ar`` (the baseline), ``sd``, ``lr`` and ``lr+sd`` (sync and async) with the profile's judge, then
 ``lr+sd`` (sync) with every other verifier, on the same problems; prints and writes a table of accuracy (with
 standard error), tokens/s, measured speedup vs ``ar``, step acceptance, the analytic estimate of the speed
-model (lookahead_reasoning.metrics, equations (1)-(2), with calibrated c and b(n)) and measured / estimate.
+model (lookahead_reasoning.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
+and the same estimate with the independence form of E[steps] (the paper's) for comparison.
 
 Usage: python benchmarks/lr_bench.py [--problems 200] [--profile demo] [--verifiers exact,...] [--out FILE]
 """
@@ -21,8 +22,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lookahead_reasoning.answers import load_items
-from lookahead_reasoning.calibration import calibrate
-from lookahead_reasoning.evaluation import run_mode
+from lookahead_reasoning.backends.base import SpecDecodeConfig
+from lookahead_reasoning.calibration import calibrate_reasoner
+from lookahead_reasoning.evaluation import run_mode, uses_chat_template
 from lookahead_reasoning.lookahead import with_overrides
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 
@@ -37,6 +39,10 @@ def main(argv=None) -> int:
     ap.add_argument("--verifiers", default="exact,normalized,numeric,embedding,random",
                     help="extra lr+sd (sync) runs, one per verifier")
     ap.add_argument("--skip", default="", help="comma-separated run names to skip")
+    ap.add_argument("--sweep", default="1,2,3,6,8",
+                    help="extra lr+sd (sync) runs at these gammas (with the profile's judge); '' for none")
+    ap.add_argument("--sd-draft-tokens", type=int, default=4,
+                    help="tokens per proposal of the draft-model SD runs (0: skip them)")
     ap.add_argument("--out", default="benchmarks/out/lr_bench.json")
     args = ap.parse_args(argv)
 
@@ -51,10 +57,18 @@ def main(argv=None) -> int:
             (f"lr+sd async [{judge}]", {"mode": "lr+sd", "async_mode": True})]
     for v in [v for v in args.verifiers.split(",") if v and v != judge]:
         runs.append((f"lr+sd sync [{v}]", {"mode": "lr+sd", "judge": base.judge.model_copy(update={"name": v})}))
+    if args.sd_draft_tokens:
+        dm = SpecDecodeConfig(method="draft_model", num_speculative_tokens=args.sd_draft_tokens)
+        runs += [(f"sd [draft model, k={dm.num_speculative_tokens}]", {"mode": "sd", "target_spec": dm}),
+                 (f"lr+sd sync [{judge}, draft-model SD]", {"mode": "lr+sd", "target_spec": dm})]
+    gammas = sorted({int(g) for g in args.sweep.split(",") if g.strip()} - {base.gamma})
+    for g in gammas:
+        runs.append((f"lr+sd sync [{judge}] gamma={g}", {"mode": "lr+sd", "gamma": g, "max_gamma": max(g, base.max_gamma)}))
     skip = set(filter(None, args.skip.split(",")))
     runs = [r for r in runs if r[0] not in skip]
     t0 = time.time()
-    cost = calibrate(reasoner.target, reasoner.draft, ns=(base.gamma + 1,))
+    cost = calibrate_reasoner(reasoner, *items[0].request(uses_chat_template(reasoner)),
+                              ns=tuple(range(2, max(gammas + [base.gamma]) + 2)))
     reasoner.cost_model = cost
     rows = {}
     try:
@@ -72,12 +86,16 @@ def main(argv=None) -> int:
             "run": name, "accuracy": r.accuracy, "accuracy_stderr": r.accuracy_stderr, "tokens_per_s": r.tokens_per_s,
             "speedup_vs_ar": speedup, "acceptance_rate": r.acceptance_rate, "acceptance_by_depth": r.acceptance_by_depth,
             "speedup_estimate": est, "measured_over_estimate": (speedup / est) if (speedup and est) else None,
-            "tokens": r.tokens, "seconds": r.seconds, "judge_fallbacks": r.fallbacks,
-            "cycle": cycle_profile(r, ar, cost),
+            "speedup_estimate_iid": r.speedup_estimate_iid,
+            "bound_free_draft_and_judge": r.totals.estimate(cost, free_draft_and_judge=True),
+            "gamma": r.totals.gamma_sum / r.totals.cycles if r.totals.cycles else None,
+            "steps_per_cycle": r.totals.steps_per_cycle,
+            "tokens": r.tokens, "seconds": r.seconds, "judge_fallbacks": r.totals.fallbacks,
+            "cycle": cycle_profile(r.totals, ar.totals, cost),
         })
     doc = {"date": date.today().isoformat(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
            "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])), "profile": profile.name,
-           "problems": len(items), "gamma": base.gamma, "cost_model": cost.to_dict(), "wall_seconds": time.time() - t0,
+           "problems": len(items), "gamma": base.gamma, "judge": judge, "cost_model": cost.to_dict(), "wall_seconds": time.time() - t0,
            "runs": table}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
@@ -86,34 +104,55 @@ def main(argv=None) -> int:
 
 
 def cycle_profile(r, ar, cost) -> dict | None:
-    """Where one cycle's time goes, in units of T = the ``ar`` run's seconds per step (same problems), next to
-    what the speed model assumes: ``gamma * c`` for drafting and ``b(gamma + 1)`` for the batched target call
-    (DESIGN.md section 1). ``other`` is wall time outside engine and judge calls (orchestration)."""
-    if not r.cycles or not ar.steps or not r.verified_steps:
+    """Where one cycle's time goes (``r``, ``ar``: a run's merged RequestMetrics), in units of T = the ``ar``
+    run's seconds per step (same problems), next to what the speed model (lookahead_reasoning.metrics, the terms
+    of equation (1)) charges for drafting (``D * c * f_q``) and for the batched target call
+    (``l_t * b(n) * f_p``), converted to the same unit. ``other`` is wall time outside engine and judge calls
+    (orchestration)."""
+    if not r.cycles or not ar.steps or not r.verified_steps or not r.target_calls:
         return None
     t = ar.seconds / ar.steps
+    tau_per_t = cost.target_step_seconds / t
     per = lambda x: x / r.cycles / t  # noqa: E731
-    gamma = r.gamma_sum / r.cycles
-    return {"T_ms": 1e3 * t, "steps_per_cycle": r.steps / r.cycles, "mean_gamma": gamma,
+    c = cost.c or 0.0
+    f_t = cost.sd_cost_per_token(r.target_forward_passes, r.target_call_tokens, r.target_drafted_tokens)
+    f_d = cost.sd_cost_per_token(r.draft_forward_passes, r.draft_call_tokens, r.draft_proposed_tokens, draft=True)
+    branches = r.target_branches / r.target_calls
+    return {"T_ms": 1e3 * t, "steps_per_cycle": r.steps / r.cycles, "mean_gamma": r.gamma_sum / r.cycles,
+            "drafted_steps_per_cycle": r.drafted_steps / r.cycles, "branches_per_call": branches,
             "draft": per(r.draft_seconds), "target": per(r.target_seconds), "judge": per(r.judge_seconds),
             "other": per(r.seconds - r.draft_seconds - r.target_seconds - r.judge_seconds),
-            "total": per(r.seconds), "model_draft": gamma * cost.c if cost.c is not None else None,
-            "model_target": cost.b_of(gamma + 1)}
+            "total": per(r.seconds),
+            "model_draft": r.draft_call_tokens / r.cycles * c * f_d * tau_per_t,
+            "model_target": r.target_call_tokens / r.target_branches * cost.b_of(branches) * f_t * tau_per_t}
 
 
 def markdown(doc: dict) -> str:
     f = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
     cm = doc["cost_model"]
     lines = [f"{doc['problems']} held-out problems, profile {doc['profile']}, gamma {doc['gamma']}; calibrated "
-             f"c = {f(cm['c'], 3)}, b = {cm['b']}, target step {f(cm['target_step_ms'])} ms", "",
-             "| run | accuracy | tok/s | speedup vs ar | acceptance | estimate | measured/estimate |",
-             "|---|---|---|---|---|---|---|"]
+             f"c = {f(cm['c'], 3)}, b = {cm['b']}, v = {cm.get('v')}, target step {f(cm['target_step_ms'])} ms", "",
+             "| run | accuracy | tok/s | speedup vs ar | acceptance | estimate | measured/estimate | i.i.d. estimate |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         acc = f"{100 * r['accuracy']:.1f}% ± {100 * r['accuracy_stderr']:.1f}" if r["accuracy"] is not None else "n/a"
         lines.append(f"| {r['run']} | {acc} | {f(r['tokens_per_s'], 1)} | {f(r['speedup_vs_ar'])} | "
-                     f"{f(r['acceptance_rate'])} | {f(r['speedup_estimate'])} | {f(r['measured_over_estimate'])} |")
-    lines += ["", "Per cycle, in units of T = one `ar` step (measured; async runs overlap draft and target time):", "",
-              "| run | steps/cycle | draft (model gamma*c) | target call (model b(gamma+1)) | judge | other | total |",
+                     f"{f(r['acceptance_rate'])} | {f(r['speedup_estimate'])} | {f(r['measured_over_estimate'])} | "
+                     f"{f(r['speedup_estimate_iid'])} |")
+    name = f"lr+sd sync [{doc['judge']}]"
+    sweep = sorted((r for r in doc["runs"] if r["run"].split(" gamma=")[0] == name), key=lambda r: r["gamma"] or 0)
+    if len(sweep) > 1:
+        lines += ["", "Lookahead depth (lr+sd sync, same judge): measured, equation (1), and the bound with a free draft "
+                  "and judge (c = 0, J = 0) at the measured acceptance:", "",
+                  "| gamma | accuracy | speedup vs ar | acceptance | steps/cycle | estimate | measured/estimate | "
+                  "bound (free draft and judge) |", "|---|---|---|---|---|---|---|---|"]
+        for r in sweep:
+            lines.append(f"| {f(r['gamma'], 0)} | {100 * r['accuracy']:.1f}% | {f(r['speedup_vs_ar'])} | "
+                         f"{f(r['acceptance_rate'])} | {f(r['steps_per_cycle'])} | {f(r['speedup_estimate'])} | "
+                         f"{f(r['measured_over_estimate'])} | {f(r['bound_free_draft_and_judge'])} |")
+    lines += ["", "Per cycle, in units of T = one `ar` step (measured; async runs overlap draft and target time;",
+              "in brackets what equation (1) charges):", "",
+              "| run | steps/cycle | draft | target call | judge | other | total |",
               "|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         c = r.get("cycle")

@@ -15,13 +15,15 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from tqdm import tqdm
 
 from lookahead_reasoning.answers import check_answer, load_items
-from lookahead_reasoning.calibration import calibrate
+from lookahead_reasoning.calibration import calibrate_reasoner
 from lookahead_reasoning.evaluation import uses_chat_template
+from lookahead_reasoning.metrics import RequestMetrics
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 
 
@@ -74,7 +76,7 @@ def main(argv=None) -> int:
                  "n": len(items), "offset": args.offset, "runs": {}}
     try:
         if args.calibrate:
-            cost = calibrate(reasoner.target, reasoner.draft, ns=(2, 3, 5))
+            cost = calibrate_reasoner(reasoner, *items[0].request(uses_chat_template(reasoner)), ns=(2, 3, 5))
             reasoner.cost_model = cost
             doc["cost_model"] = cost.to_dict()
         chat = uses_chat_template(reasoner)
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
                                 "finish": res.finish_reason, "metrics": res.metrics.to_dict()})
                     bar.update(1)
                 doc["runs"][name] = {"options": opts.model_dump(mode="json"), "items": per,
-                                     "summary": summarize(per)}
+                                     "summary": summarize(per, reasoner.cost_model)}
                 print(name, json.dumps(doc["runs"][name]["summary"]), file=sys.stderr, flush=True)
                 write(args.out, doc)  # finished runs survive an interrupt
     finally:
@@ -110,8 +112,14 @@ def write(path: str, doc: dict) -> None:
     Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def summarize(per: list[dict]) -> dict:
+def summarize(per: list[dict], cost=None) -> dict:
+    """Totals of a run's per-item metrics, with the speed model's estimate and its free-draft-and-judge bound
+    (lookahead_reasoning.metrics, equation (1)) when a cost model was calibrated."""
     ms = [p["metrics"] for p in per]
+    total = RequestMetrics()
+    names = {f.name for f in fields(RequestMetrics)}
+    for m in ms:
+        total.merge(RequestMetrics(**{k: v for k, v in m.items() if k in names}))
     tot = lambda k: sum(m[k] or 0 for m in ms)  # noqa: E731
     graded = [p["correct"] for p in per if p["correct"] is not None]
     seconds = tot("seconds")
@@ -143,6 +151,8 @@ def summarize(per: list[dict]) -> dict:
         "target_branches_per_cycle": tot("target_branches") / tot("cycles") if tot("cycles") else None,
         "sd_tokens_per_forward": tot("target_call_tokens") / tot("target_forward_passes") if tot("target_forward_passes") else None,
         "judge_fallbacks": tot("fallbacks"),
+        "speedup_estimate": total.estimate(cost),
+        "bound_free_draft_and_judge": total.estimate(cost, free_draft_and_judge=True),
         "finish": {k: sum(p["finish"] == k for p in per) for k in ("eos", "length", "stop")},
     }
 

@@ -91,7 +91,7 @@ def _prepare(args, modes):
 
 
 def cmd_generate(args) -> int:
-    from .calibration import calibrate
+    from .calibration import calibrate_reasoner
     from .profiles import close_reasoner
 
     messages = None
@@ -106,7 +106,8 @@ def cmd_generate(args) -> int:
     reasoner, opts = _prepare(args, [args.mode])
     try:
         if opts.speculative and args.json:
-            reasoner.cost_model = calibrate(reasoner.target, reasoner.draft, ns=(opts.gamma + 1,))
+            reasoner.cost_model = calibrate_reasoner(reasoner, args.prompt, messages,
+                                                     ns=tuple(range(2, opts.gamma + 2)))
         if args.json:
             res = reasoner.run(args.prompt, messages, opts)
         else:

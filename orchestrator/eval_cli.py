@@ -93,9 +93,9 @@ def cmd_eval(args) -> int:
 
     from .answers import load_items
     from .bench_report import environment
-    from .calibration import calibrate
+    from .calibration import calibrate_reasoner
     from .cli import _prepare
-    from .evaluation import plot_eval, report_json, run_eval, run_gamma_sweep, run_mode, write_json
+    from .evaluation import plot_eval, report_json, run_eval, run_gamma_sweep, run_mode, uses_chat_template, write_json
     from .lookahead import MODES
     from .profiles import close_reasoner, load_profile
 
@@ -121,7 +121,9 @@ def cmd_eval(args) -> int:
     try:
         cost = None
         if spec_modes:
-            cost = calibrate(reasoner.target, reasoner.draft, ns=tuple(sorted({g + 1 for g in gammas + [base.gamma]})))
+            first = next(it for its in items.values() for it in its)
+            cost = calibrate_reasoner(reasoner, *first.request(uses_chat_template(reasoner)),
+                                      ns=tuple(range(2, max(gammas + [base.gamma]) + 2)))
             reasoner.cost_model = cost
         extra_runs = len(spec_modes) * sum(g != base.gamma for g in gammas) + ("ar" not in modes) if sweep else 0
         per_item = len(modes) + extra_runs

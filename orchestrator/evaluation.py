@@ -25,33 +25,23 @@ from typing import Callable, Sequence
 
 from .answers import check_answer, load_items, EvalItem
 from .lookahead import LookaheadReasoner, LROptions, with_overrides
+from .metrics import RequestMetrics
 
 
 @dataclass
 class ModeReport:
+    """One mode over a dataset: accuracy counts, and ``totals``, every request's :class:`RequestMetrics`
+    merged (so rates and the speed-model estimate come from the run's totals, not averages of ratios)."""
+
     mode: str
     n: int = 0
     correct: int = 0
     graded: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    verified_steps: int = 0
-    accepted_steps: int = 0
-    accepted_by_depth: list[int] = field(default_factory=list)
-    verified_by_depth: list[int] = field(default_factory=list)
-    estimates: list[float] = field(default_factory=list)
-    fallbacks: int = 0
     skipped: int = 0
     turns: int = 0
     outputs: list[dict] = field(default_factory=list)
-    # where the time went (seconds, summed over requests; see RequestMetrics)
-    cycles: int = 0
-    gamma_sum: int = 0
-    steps: int = 0
-    target_steps: int = 0
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    judge_seconds: float = 0.0
+    totals: RequestMetrics = field(default_factory=RequestMetrics)
+    cost_model: object = None  # the calibration.CostModel the run was estimated with, if any
 
     @property
     def accuracy(self) -> float | None:
@@ -63,27 +53,35 @@ class ModeReport:
         return None if p is None else math.sqrt(p * (1 - p) / self.graded)
 
     @property
+    def tokens(self) -> int:
+        return self.totals.generated_tokens
+
+    @property
+    def seconds(self) -> float:
+        return self.totals.seconds
+
+    @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+        return self.totals.tokens_per_s
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted_steps / self.verified_steps if self.verified_steps else None
+        return self.totals.acceptance_rate
 
     @property
     def acceptance_by_depth(self) -> list[float | None]:
-        return [a / v if v else None for a, v in zip(self.accepted_by_depth, self.verified_by_depth)]
+        t = self.totals
+        return [a / v if v else None for a, v in zip(t.accepted_by_depth, t.verified_by_depth)]
 
     @property
     def speedup_estimate(self) -> float | None:
-        return sum(self.estimates) / len(self.estimates) if self.estimates else None
+        """Equation (1) of :mod:`.metrics` on the run's totals (None without a cost model)."""
+        return self.totals.estimate(self.cost_model)
 
-
-def _add(acc: list[int], xs: list[int]) -> None:
-    while len(acc) < len(xs):
-        acc.append(0)
-    for i, x in enumerate(xs):
-        acc[i] += x
+    @property
+    def speedup_estimate_iid(self) -> float | None:
+        """The same with the independence form of ``E[steps]`` (paper section 3), for comparison."""
+        return self.totals.estimate(self.cost_model, iid=True)
 
 
 def uses_chat_template(reasoner: LookaheadReasoner) -> bool:
@@ -119,7 +117,7 @@ def run_mode(reasoner: LookaheadReasoner, items: Sequence[EvalItem], opts: LROpt
              progress: Callable | None = None, keep_outputs: bool = False) -> ModeReport:
     """Every item in one mode (``opts.mode``); grades the last turn's text."""
     chat = uses_chat_template(reasoner)
-    rep = ModeReport(opts.mode)
+    rep = ModeReport(opts.mode, cost_model=reasoner.cost_model)
     for item in items:
         try:
             results = _run_item(reasoner, item, opts, chat)
@@ -129,20 +127,8 @@ def run_mode(reasoner: LookaheadReasoner, items: Sequence[EvalItem], opts: LROpt
             rep.skipped += 1
             results = []
         for res in results:
-            m = res.metrics
             rep.turns += 1
-            rep.tokens += m.generated_tokens
-            rep.seconds += m.seconds
-            rep.verified_steps += m.verified_steps
-            rep.accepted_steps += m.accepted_steps
-            rep.fallbacks += m.fallbacks
-            for k in ("cycles", "gamma_sum", "steps", "target_steps", "draft_seconds", "target_seconds",
-                      "judge_seconds"):
-                setattr(rep, k, getattr(rep, k) + getattr(m, k))
-            _add(rep.accepted_by_depth, m.accepted_by_depth)
-            _add(rep.verified_by_depth, m.verified_by_depth)
-            if m.speedup_estimate is not None:
-                rep.estimates.append(m.speedup_estimate)
+            rep.totals.merge(res.metrics)
         if results:
             rep.n += 1
             ok = check_answer(item, results[-1].text)
@@ -201,9 +187,10 @@ def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None
             "acceptance_rate": r.acceptance_rate,
             "acceptance_by_depth": r.acceptance_by_depth,
             "speedup_estimate": r.speedup_estimate,
+            "speedup_estimate_iid": r.speedup_estimate_iid,
             "generated_tokens": r.tokens,
             "seconds": r.seconds,
-            "judge_fallbacks": r.fallbacks,
+            "judge_fallbacks": r.totals.fallbacks,
             "skipped_too_long": r.skipped,
             "turns": r.turns,
         }

@@ -308,7 +308,8 @@ class _Run:
 
     def __init__(self, owner: LookaheadReasoner, opts: LROptions, ctx: _Context) -> None:
         self.o, self.opts, self.ctx = owner, opts, ctx
-        self.m = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids))
+        self.m = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids),
+                                target_sd_method=opts.target_sd.method)
         self.draft_ok = opts.speculative
         self.controller = AdaptiveGamma(opts.gamma, opts.max_gamma) if opts.adaptive_gamma else None
         self.stops = (opts.step.delimiter,) + tuple(opts.stop)
@@ -340,6 +341,7 @@ class _Run:
             raise RuntimeError(f"target model failed: {type(exc).__name__}: {exc}") from exc
         self.m.target_seconds += time.perf_counter() - t0
         steps = []
+        self.m.target_calls += 1
         self.m.target_branches += len(results)
         for r in results:
             self.m.target_call_tokens += len(r.token_ids)
@@ -371,6 +373,9 @@ class _Run:
             self.m.draft_seconds += time.perf_counter() - t0
         steps = []
         for r in results:
+            self.m.draft_call_tokens += len(r.token_ids)
+            self.m.draft_forward_passes += r.counters.forward_passes
+            self.m.draft_proposed_tokens += r.counters.drafted_tokens
             target_ids = r.token_ids if self.o.shared_tokenizer else self.o.target.encode(r.text)
             steps.append(Step(r.text, list(target_ids), list(r.token_ids), r.finish_reason, "draft"))
         self.m.drafted_steps += len(steps)

@@ -248,3 +248,24 @@ def test_static_cache_mode_equals_dynamic(model_dirs, reference):
             PortableEngine.from_pretrained(model_dirs[0], cuda_graphs=True, static_cache=True)
     finally:
         eng.close()
+
+
+def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draft_dir):
+    """The cost model of the speed model (lookahead_reasoning.calibration) on real engines: step times, b(n) for
+    the asked n, and v(w) from the portable engine's step timings (which it switches back off)."""
+    from lookahead_reasoning.calibration import calibrate
+
+    draft = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1)
+    target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1)
+    try:
+        prompt = target.encode(TEXTS[3] * 4)
+        cost = calibrate(target, draft, ns=(2, 5), prompt_ids=prompt, draft_prompt_ids=prompt, repeats=2)
+    finally:
+        target.close()
+        draft.close()
+    assert cost.target_step_seconds > 0 and cost.draft_step_seconds > 0 and cost.c > 0
+    assert set(cost.b) == {2, 5} and all(v > 0 for v in cost.b.values())
+    assert cost.width and min(cost.width) > 1 and all(v > 0 for v in cost.width.values())
+    assert cost.draft_width and not target.record_steps and not target.step_seconds
+    d = cost.to_dict()
+    assert set(d) == {"target_step_ms", "draft_step_ms", "c", "b", "v", "draft_v"}
