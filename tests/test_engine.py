@@ -210,7 +210,9 @@ def test_cancel_frees_rows(engines, reference):
 
     async def main():
         task = asyncio.ensure_future(target.agenerate([GenerationRequest(reference[0][0], 400)]))
-        await asyncio.sleep(0.05)
+        # 2 ms: submitted and running, but far from done (the tiny random model ends after ~30 tokens, ~18 ms
+        # on a fast CPU, so a longer wait can let it finish before the cancel)
+        await asyncio.sleep(0.002)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
