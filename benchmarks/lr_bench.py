@@ -1,7 +1,8 @@
 """Lookahead Reasoning benchmark on held-out synthetic problems (in-process, concurrency 1, greedy).
 
-Runs ``ar`` (the baseline), ``sd``, ``lr`` and ``lr+sd`` (sync and async) with the profile's judge, then
-``lr+sd`` (sync) with every other verifier, on the same problems; prints and writes a table of accuracy (with
+Runs ``ar`` (the baseline), ``sd``, ``lr`` and ``lr+sd`` (sync and async, and sync with adaptive gamma) with the
+profile's judge, then ``lr+sd`` (sync) with every other verifier, ``sd`` and ``lr+sd`` with draft-model SD, and
+``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
 standard error), tokens/s, measured speedup vs ``ar``, step acceptance, the analytic estimate of the speed
 model (lookahead_reasoning.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
 and the same estimate with the independence form of E[steps] (the paper's) for comparison.
@@ -54,13 +55,15 @@ def main(argv=None) -> int:
     runs = [("ar", {"mode": "ar"}), ("sd", {"mode": "sd"}),
             (f"lr sync [{judge}]", {"mode": "lr"}), (f"lr async [{judge}]", {"mode": "lr", "async_mode": True}),
             (f"lr+sd sync [{judge}]", {"mode": "lr+sd"}),
-            (f"lr+sd async [{judge}]", {"mode": "lr+sd", "async_mode": True})]
+            (f"lr+sd async [{judge}]", {"mode": "lr+sd", "async_mode": True}),
+            (f"lr+sd sync [{judge}] adaptive gamma", {"mode": "lr+sd", "adaptive_gamma": True})]
     for v in [v for v in args.verifiers.split(",") if v and v != judge]:
         runs.append((f"lr+sd sync [{v}]", {"mode": "lr+sd", "judge": base.judge.model_copy(update={"name": v})}))
     if args.sd_draft_tokens:
         dm = SpecDecodeConfig(method="draft_model", num_speculative_tokens=args.sd_draft_tokens)
         runs += [(f"sd [draft model, k={dm.num_speculative_tokens}]", {"mode": "sd", "target_spec": dm}),
-                 (f"lr+sd sync [{judge}, draft-model SD]", {"mode": "lr+sd", "target_spec": dm})]
+                 (f"lr+sd sync [{judge}, draft-model SD]", {"mode": "lr+sd", "target_spec": dm}),
+                 (f"lr+sd sync [{judge}, draft-model SD] gamma=1", {"mode": "lr+sd", "target_spec": dm, "gamma": 1})]
     gammas = sorted({int(g) for g in args.sweep.split(",") if g.strip()} - {base.gamma})
     for g in gammas:
         runs.append((f"lr+sd sync [{judge}] gamma={g}", {"mode": "lr+sd", "gamma": g, "max_gamma": max(g, base.max_gamma)}))
@@ -105,26 +108,23 @@ def main(argv=None) -> int:
 
 def cycle_profile(r, ar, cost) -> dict | None:
     """Where one cycle's time goes (``r``, ``ar``: a run's merged RequestMetrics), in units of T = the ``ar``
-    run's seconds per step (same problems), next to what the speed model (lookahead_reasoning.metrics, the terms
-    of equation (1)) charges for drafting (``D * c * f_q``) and for the batched target call
-    (``l_t * b(n) * f_p``), converted to the same unit. ``other`` is wall time outside engine and judge calls
-    (orchestration)."""
-    if not r.cycles or not ar.steps or not r.verified_steps or not r.target_calls:
+    run's seconds per step (same problems), next to what equation (1) of lookahead_reasoning.metrics charges
+    for each part (``RequestMetrics.cycle_cost``, converted to the same unit; the target's share includes its
+    prefill). ``other`` is wall time outside engine and judge calls (orchestration)."""
+    terms = r.cycle_cost(cost)
+    if terms is None or not ar.steps or not r.verified_steps:
         return None
     t = ar.seconds / ar.steps
-    tau_per_t = cost.target_step_seconds / t
     per = lambda x: x / r.cycles / t  # noqa: E731
-    c = cost.c or 0.0
-    f_t = cost.sd_cost_per_token(r.target_forward_passes, r.target_call_tokens, r.target_drafted_tokens)
-    f_d = cost.sd_cost_per_token(r.draft_forward_passes, r.draft_call_tokens, r.draft_proposed_tokens, draft=True)
-    branches = r.target_branches / r.target_calls
+    model = lambda x: x * cost.target_step_seconds / t  # noqa: E731
     return {"T_ms": 1e3 * t, "steps_per_cycle": r.steps / r.cycles, "mean_gamma": r.gamma_sum / r.cycles,
-            "drafted_steps_per_cycle": r.drafted_steps / r.cycles, "branches_per_call": branches,
+            "drafted_steps_per_cycle": r.drafted_steps / r.cycles,
+            "longest_branch_forwards": r.target_call_forwards / r.target_calls,
+            "rows_per_forward": r.target_forward_passes / r.target_call_forwards,
             "draft": per(r.draft_seconds), "target": per(r.target_seconds), "judge": per(r.judge_seconds),
             "other": per(r.seconds - r.draft_seconds - r.target_seconds - r.judge_seconds),
-            "total": per(r.seconds),
-            "model_draft": r.draft_call_tokens / r.cycles * c * f_d * tau_per_t,
-            "model_target": r.target_call_tokens / r.target_branches * cost.b_of(branches) * f_t * tau_per_t}
+            "total": per(r.seconds), "model_draft": model(terms["draft"]),
+            "model_target": model(terms["target"] + terms["prefill"]), "model_judge": model(terms["judge"])}
 
 
 def markdown(doc: dict) -> str:

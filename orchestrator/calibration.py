@@ -1,15 +1,16 @@
 """Measure the speed model's cost ratios on the real engines (DESIGN.md section 1).
 
 ``c`` is the draft's time per decoding step over the target's, ``b(n)`` the target's time per decoding step
-with ``n`` sequences sharing a prefix over one sequence. Both are measured through the engine interface
+with ``n`` sequences sharing a prefix (of lengths growing by 8 tokens, like a cycle's branches) over one
+sequence. Both are measured through the engine interface
 (so any backend can be calibrated): a warm prompt of ``prompt_tokens`` tokens, ``new_tokens`` greedy tokens,
 wall time divided by decoding steps (per-call overhead amortised over the steps, as in a real step).
 
-``v(w)``, the cost of one decoding forward with ``w`` new positions per row (a token-level SD verification
-of ``w - 1`` proposals) relative to ``w = 1``, is read from the engine's own per-step timings where it keeps
-them (the portable engine's ``record_steps``): one sequence decodes with n-gram SD of ``k`` proposals over a
-repetitive prompt, and the median time of steps of each width is divided by that of width-1 steps. Engines
-without step timings get ``v = 1`` (a verification forward costs one decoding forward).
+``v(w)``, the cost of one forward with ``w`` new positions per row (a token-level SD verification of
+``w - 1`` proposals, or a prefill of ``w`` prompt tokens) relative to ``w = 1``, is read from the engine's own
+per-forward timings where it keeps them (the portable engine's ``record_steps``): one sequence decodes with
+n-gram SD of ``k`` proposals, and prompts of 8 to 64 uncached tokens are prefilled; the median time of
+forwards of each width is divided by that of width-1 decoding steps. Engines without timings get ``v = 1``.
 """
 
 from __future__ import annotations
@@ -42,18 +43,11 @@ class CostModel:
         """``b(n)``, linearly interpolated between measured ``n`` (1.0 at ``n <= 1``)."""
         return _interpolate(self.b, n)
 
-    def sd_cost_per_token(self, forwards: int, tokens: int, proposed: int, draft: bool = False,
-                          proposer_c: float = 0.0) -> float:
-        """``f = (v(w) + (w - 1) * proposer_c) / s`` of the speed model (:mod:`.metrics`): the cost per output
-        token of calls that made ``tokens`` tokens in ``forwards`` decoding forwards with ``proposed`` SD
-        proposals, relative to plain decoding (``s = tokens / forwards``, ``w = 1 + proposed / forwards``;
-        ``proposer_c``: cost of one proposed token, ``c`` for a draft-model proposer, 0 for n-gram lookup).
-        ``draft`` selects the draft engine's ``v``. 1.0 when ``forwards`` is 0."""
-        if forwards <= 0 or tokens <= 0:
-            return 1.0
-        w = 1 + proposed / forwards
-        v = _interpolate(self.draft_width if draft else self.width, w)
-        return (v + (w - 1) * proposer_c) / (tokens / forwards)
+    def forward_cost(self, positions: float, draft: bool = False) -> float:
+        """``v(w)``: the cost of one forward with ``positions`` new positions per row relative to one position
+        (the target's, or the draft's with ``draft``), interpolated, and extrapolated linearly beyond the
+        widths measured (prefill forwards of a few dozen tokens)."""
+        return _interpolate(self.draft_width if draft else self.width, max(positions, 1.0))
 
     def to_dict(self) -> dict:
         ratios = lambda d: {str(k): v for k, v in sorted(d.items())}  # noqa: E731
@@ -74,32 +68,47 @@ def _interpolate(points: dict[int, float], x: float) -> float:
     return y1 + (y1 - y0) * (x - x1) / max(x1 - x0, 1)
 
 
-def _step_seconds(engine: Engine, prompt: list[int], n: int, new_tokens: int, repeats: int) -> float:
+def _step_seconds(engine: Engine, prompts: list[list[int]], new_tokens: int, repeats: int) -> float:
+    """Best-of-``repeats`` wall time of one call generating ``new_tokens`` for each of ``prompts``, per token
+    of its longest output."""
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        res = engine.generate([GenerationRequest(prompt, new_tokens) for _ in range(n)])
+        res = engine.generate([GenerationRequest(p, new_tokens) for p in prompts])
         steps = max(len(r.token_ids) for r in res)
         best = min(best, (time.perf_counter() - t0) / max(steps, 1))
     return best
 
 
-def _width_costs(engine: Engine, prompt: list[int], ks=(1, 3, 6), new_tokens: int = 48) -> dict[int, float]:
-    """``v(w)`` from the engine's per-step timings (see the module docstring); {} if it keeps none."""
+def _branches(prompt: list[int], n: int, step_tokens: int = 8) -> list[list[int]]:
+    """``n`` prompts as a cycle's target branches: the prompt, then ``j`` more "steps" of ``step_tokens`` tokens
+    (ragged rows, so the batched forwards need the attention mask a real cycle needs)."""
+    ext = (list(prompt) * (n * step_tokens // max(len(prompt), 1) + 1))[: (n - 1) * step_tokens]
+    return [list(prompt) + ext[: j * step_tokens] for j in range(n)]
+
+
+def _width_costs(engine: Engine, prompt: list[int], ks=(1, 3, 6), prefills=(8, 16, 32, 64),
+                 new_tokens: int = 48) -> dict[int, float]:
+    """``v(w)`` from the engine's per-forward timings (see the module docstring); {} if it keeps none."""
     if not hasattr(engine, "record_steps"):
         return {}
     by_width: dict[int, list[float]] = {}
-    engine.record_steps, engine.step_seconds = True, []
+    engine.record_steps, engine.step_seconds, engine.prefill_seconds = True, [], []
     try:
         for k in (0,) + tuple(ks):
             spec = SpecDecodeConfig(method="ngram", num_speculative_tokens=k) if k else SpecDecodeConfig()
             for _ in range(2):
                 engine.generate([GenerationRequest(prompt, new_tokens, spec=spec)])
-        for rows, width, seconds in engine.step_seconds:
+        for m in prefills:  # a prompt of m + 1 uncached tokens: one prefill forward of m positions
+            for r in range(3):
+                ids = (list(prompt) * (m // max(len(prompt), 1) + 2))[r:r + m + 1]
+                engine.reset_prefix_cache()
+                engine.generate([GenerationRequest(ids, 1)])
+        for rows, width, seconds in engine.step_seconds + engine.prefill_seconds:
             if rows == 1:
                 by_width.setdefault(width, []).append(seconds)
     finally:
-        engine.record_steps, engine.step_seconds = False, []
+        engine.record_steps, engine.step_seconds, engine.prefill_seconds = False, [], []
     if 1 not in by_width:
         return {}
     base = statistics.median(by_width[1])
@@ -126,14 +135,18 @@ def calibrate(target: Engine, draft: Engine | None, ns=(2, 3, 4, 5, 6, 8), promp
         return ids[:prompt_tokens]
 
     p = prompt_for(target, prompt_ids)
-    _step_seconds(target, p, 1, 4, 1)  # warm the prefix cache and the allocator
-    t1 = _step_seconds(target, p, 1, new_tokens, repeats)
-    b = {n: _step_seconds(target, p, n, new_tokens, repeats) / t1 for n in ns}
+    _step_seconds(target, [p], 4, 1)  # warm the prefix cache and the allocator
+    t1 = _step_seconds(target, [p], new_tokens, repeats)
+    b = {}
+    for n in ns:
+        branches = _branches(p, n)
+        _step_seconds(target, branches, 1, 1)  # the branches' prompts into the prefix cache
+        b[n] = _step_seconds(target, branches, new_tokens, repeats) / t1
     d1, dw = None, {}
     if draft is not None:
         pd = prompt_for(draft, draft_prompt_ids)
-        _step_seconds(draft, pd, 1, 4, 1)
-        d1 = _step_seconds(draft, pd, 1, new_tokens, repeats)
+        _step_seconds(draft, [pd], 4, 1)
+        d1 = _step_seconds(draft, [pd], new_tokens, repeats)
         dw = _width_costs(draft, pd)
     return CostModel(t1, d1, b, _width_costs(target, p), dw)
 

@@ -296,6 +296,12 @@ def with_overrides(defaults: LROptions, **overrides) -> LROptions:
     return LROptions.model_validate(data)
 
 
+def _prefill_tokens(results) -> int:
+    """Prompt tokens a call computed in prefill forwards (the last prompt token is fed by the first decoding
+    forward, which the engine counts as computed too)."""
+    return sum(max(0, r.counters.prefill_tokens_computed - 1) for r in results)
+
+
 def _same_vocab(a: Engine, b: Engine) -> bool:
     ta, tb = getattr(a, "tokenizer", None), getattr(b, "tokenizer", None)
     if ta is None or tb is None:
@@ -343,9 +349,14 @@ class _Run:
         steps = []
         self.m.target_calls += 1
         self.m.target_branches += len(results)
+        self.m.target_call_forwards += max((r.counters.forward_passes for r in results), default=0)
+        prefill = _prefill_tokens(results)
+        self.m.target_prefill_tokens += prefill
+        self.m.target_prefill_calls += prefill > 0
         for r in results:
             self.m.target_call_tokens += len(r.token_ids)
             self.m.target_forward_passes += r.counters.forward_passes
+            self.m.target_forward_positions += r.counters.forward_positions
             self.m.target_drafted_tokens += r.counters.drafted_tokens
             self.m.target_accepted_tokens += r.counters.accepted_tokens
             draft_ids = r.token_ids if self.o.shared_tokenizer or self.o.draft is None else self.o.draft.encode(r.text)
@@ -372,9 +383,13 @@ class _Run:
         finally:
             self.m.draft_seconds += time.perf_counter() - t0
         steps = []
+        prefill = _prefill_tokens(results)
+        self.m.draft_prefill_tokens += prefill
+        self.m.draft_prefill_calls += prefill > 0
         for r in results:
             self.m.draft_call_tokens += len(r.token_ids)
             self.m.draft_forward_passes += r.counters.forward_passes
+            self.m.draft_forward_positions += r.counters.forward_positions
             self.m.draft_proposed_tokens += r.counters.drafted_tokens
             target_ids = r.token_ids if self.o.shared_tokenizer else self.o.target.encode(r.text)
             steps.append(Step(r.text, list(target_ids), list(r.token_ids), r.finish_reason, "draft"))

@@ -2,30 +2,36 @@
 
 Speed model (DESIGN.md section 1; paper arXiv 2506.19830, section 3, synchronous case), in units of
 ``tau`` = one target decoding forward at batch 1 with one new position (the calibrated
-``CostModel.target_step_seconds``). Autoregressive decoding pays ``tau`` per output token. One synchronous
+``CostModel.target_step_seconds``); autoregressive decoding pays ``tau`` per output token. One synchronous
 cycle commits ``E[steps]`` steps of ``l`` tokens each and costs
 
-    D * c * f_q  +  l_t * b(n) * f_p  +  J                                                    (cost)
+    c * v_q(w_q) * F_q  +  F_p * (b(r) * v_p(w_p) + (w_p - 1) * c')  +  Pi  +  J                (cost)
 
-where ``D`` is the draft tokens written per cycle, ``c`` the draft's cost per token relative to the
-target's, ``l_t`` the mean tokens of one target branch, ``b(n)`` the cost of a batched call with ``n``
-branches relative to one branch, ``J`` the judge's time per cycle (in ``tau``), and ``f = v(w) / s`` the
-cost per token under token-level speculative decoding: ``s`` tokens come out of each forward whose ``w``
-positions per row cost ``v(w)`` plain forwards (``f = 1`` without SD; ``v`` is calibrated), plus, when a
-draft model proposes the ``w - 1`` tokens, their cost: ``f = (v(w) + (w - 1) * c) / s``. So
+- ``F_q``: the draft's decoding forwards per cycle (its ``gamma`` steps, one after another); ``c``: the draft's
+  cost per forward relative to the target's;
+- ``F_p``: the forwards of the target's batched call, i.e. of its longest branch (the call lasts until the
+  last branch ends); ``b(r)``: the cost of a forward over ``r`` rows relative to one row, at the call's mean
+  occupancy ``r`` (rows per forward: branches leave the batch as they finish);
+- ``v(w)``: the cost of a forward with ``w`` new positions per row relative to one (token-level SD verifies
+  ``w - 1`` proposals per forward; ``v(1) = 1``, calibrated), and ``c'`` the cost of one proposed token (``c``
+  for a draft-model proposer, 0 for n-gram lookup);
+- ``Pi``: prefilling the prompt tokens a call has not cached (the target's branches hold the drafted steps):
+  ``v(m)`` per call with ``m`` new prompt tokens; ``J``: the judge's time per cycle.
 
-    speedup = E[steps] * l / (D * c * f_q + l_t * b(n) * f_p + J)                              (1)
+So, with the gain measured in target tokens,
 
-The gain side is the run's measured acceptance by depth:
+    speedup = E[steps] * l / cost                                                               (1)
 
     E[steps] = t + sum_{i=1..gamma} A_i,   A_i = P(the first i drafts of a cycle are all accepted)    (2)
 
 with ``t`` the fraction of cycles that end with a target step (1 unless the answer ended on an accepted
-draft). With independent acceptance ``alpha`` per step, ``A_i = alpha^i`` and ``t = 1``, (2) is the paper's
-``(1 - alpha^(gamma+1)) / (1 - alpha)``; with equal step lengths ``l = l_t``, ``D = gamma * l`` and no SD, (1)
-is DESIGN.md's ``E[steps] / (gamma * c + b(gamma + 1) + J / l)``. ``ar`` gives 1 and ``sd`` gives ``s / v(w)``.
-:func:`iid_steps_per_cycle` keeps the independence form, to show how far it is from the measured one
-(``benchmarks/RESULTS.md``: acceptance falls with depth and short answers end cycles early).
+draft). Forwards, rows, positions and acceptance are counted in the run; ``c``, ``b`` and ``v`` come from
+the calibration. With independent acceptance ``alpha`` per step, ``A_i = alpha^i`` and ``t = 1`` (2) is the
+paper's ``(1 - alpha^(gamma+1)) / (1 - alpha)``; with steps of equal length ``l`` and neither SD nor prefill,
+``F_q = gamma * l``, ``F_p = l`` and ``r = gamma + 1``, and (1) is DESIGN.md's
+``E[steps] / (gamma * c + b(gamma + 1) + J / l)``. ``ar`` gives 1, ``sd`` its tokens per forward over the
+forwards' cost. :func:`iid_steps_per_cycle` keeps the independence form, to show how far it is from the
+measured one (``benchmarks/RESULTS.md``: acceptance falls with depth and short answers end cycles early).
 """
 
 from __future__ import annotations
@@ -51,38 +57,17 @@ def iid_steps_per_cycle(alpha: float, gamma: float) -> float:
     return (1 - frac) * total(lo) + frac * total(lo + 1)
 
 
-def estimate_speedup(steps_per_cycle: float, step_tokens: float, draft_tokens: float, branch_tokens: float,
-                     c: float, b: float, judge: float = 0.0, f_target: float = 1.0, f_draft: float = 1.0) -> float:
-    """Equation (1) of this module.
-
-    Args:
-        steps_per_cycle: ``E[steps]``, equation (2) (or :func:`iid_steps_per_cycle`).
-        step_tokens: ``l``, output tokens per committed step.
-        draft_tokens: ``D``, draft tokens written per cycle (0 without drafting).
-        branch_tokens: ``l_t``, tokens per target branch.
-        c: draft cost per token / target cost per token.
-        b: ``b(n)`` for the cycle's ``n`` target branches (1.0 for one).
-        judge: ``J``, judge time per cycle in target forwards.
-        f_target, f_draft: ``v(w) / s`` of token-level SD in the target's and the draft's calls (1.0 without).
-    Returns:
-        the estimated speedup over autoregressive decoding (float, > 0).
-    Raises:
-        ValueError: a non-positive cycle cost.
-    """
-    cost = draft_tokens * c * f_draft + branch_tokens * b * f_target + judge
-    if cost <= 0:
-        raise ValueError("cycle cost must be > 0")
-    return steps_per_cycle * step_tokens / cost
-
-
 @dataclass
 class RequestMetrics:
     """What one request did (or, after :meth:`merge`, a run). Times are wall-clock seconds; token counts are
     target-tokenizer tokens, except ``draft_call_tokens`` (all tokens the draft wrote, accepted or not),
-    ``draft_forward_passes`` and ``draft_proposed_tokens`` (token-level SD proposals inside the draft's calls),
-    which count the draft's own tokens. ``target_call_tokens`` / ``target_forward_passes`` /
-    ``target_drafted_tokens`` are the same for the target's calls (``target_branches`` branches in
-    ``target_calls`` calls).
+    ``draft_forward_passes``, ``draft_proposed_tokens`` (token-level SD proposals inside the draft's calls)
+    and ``draft_prefill_*``, which count the draft's own tokens. ``target_call_tokens`` /
+    ``target_forward_passes`` / ``target_drafted_tokens`` are the same for the target's calls
+    (``target_branches`` branches in ``target_calls`` calls; forwards summed over branches), and
+    ``target_call_forwards`` sums each call's longest branch's forwards, ``*_forward_positions`` the positions
+    per row those forwards computed (padded widths, see ``GenerationCounters``). ``*_prefill_tokens`` are prompt tokens
+    computed rather than served from the prefix cache, in ``*_prefill_calls`` calls.
 
     In asynchronous mode the role times overlap, so they can sum to more than ``seconds``.
     """
@@ -109,7 +94,14 @@ class RequestMetrics:
     draft_forward_passes: int = 0
     draft_proposed_tokens: int = 0
     target_calls: int = 0
+    target_call_forwards: int = 0
+    target_prefill_tokens: int = 0
+    target_prefill_calls: int = 0
+    draft_prefill_tokens: int = 0
+    draft_prefill_calls: int = 0
     target_forward_passes: int = 0
+    target_forward_positions: int = 0
+    draft_forward_positions: int = 0
     target_branches: int = 0
     target_call_tokens: int = 0
     target_drafted_tokens: int = 0
@@ -140,33 +132,53 @@ class RequestMetrics:
             return None
         return self.target_steps / self.cycles + sum(self.accepted_by_depth) / self.cycles
 
+    def cycle_cost(self, cost) -> dict[str, float] | None:
+        """The terms of equation (1)'s cost per cycle, in target forwards: ``draft`` (``c v_q F_q`` plus the
+        draft's prefill), ``target`` (``F_p (b(r) v_p + (w_p - 1) c')``), ``prefill`` (the target's ``Pi``) and
+        ``judge`` (``J``). None without a cost model or a target call."""
+        if cost is None or not self.cycles or not self.target_call_forwards:
+            return None
+        per_cycle = lambda x: x / self.cycles  # noqa: E731
+        c = cost.c or 0.0
+        mean = lambda tokens, calls: tokens / calls if calls else 0.0  # noqa: E731
+        # positions per row per forward: the padded width the engine reports, else 1 + SD proposals
+        w_t = mean(self.target_forward_positions, self.target_forward_passes) or \
+            1 + mean(self.target_drafted_tokens, self.target_forward_passes)
+        w_d = mean(self.draft_forward_positions, self.draft_forward_passes) or \
+            1 + mean(self.draft_proposed_tokens, self.draft_forward_passes)
+        draft = c * (cost.forward_cost(w_d, draft=True) * per_cycle(self.draft_forward_passes)
+                     + cost.forward_cost(mean(self.draft_prefill_tokens, self.draft_prefill_calls), draft=True)
+                     * per_cycle(self.draft_prefill_calls))
+        proposal = (w_t - 1) * c if self.target_sd_method == "draft_model" else 0.0
+        rows = self.target_forward_passes / self.target_call_forwards
+        target = per_cycle(self.target_call_forwards) * (cost.b_of(rows) * cost.forward_cost(w_t) + proposal)
+        prefill = cost.forward_cost(mean(self.target_prefill_tokens, self.target_prefill_calls)) * \
+            per_cycle(self.target_prefill_calls)
+        return {"draft": draft, "target": target, "prefill": prefill,
+                "judge": per_cycle(self.judge_seconds) / cost.target_step_seconds}
+
     def estimate(self, cost, iid: bool = False, free_draft_and_judge: bool = False) -> float | None:
-        """Equation (1) with this request's (or run's) counts and the calibrated ``c``, ``b(n)`` and ``v(w)`` of
+        """Equation (1) with this request's (or run's) counts and the calibrated ``c``, ``b`` and ``v`` of
         ``cost`` (a :class:`~lookahead_reasoning.calibration.CostModel`); None without one.
 
         ``iid=True`` replaces the measured ``E[steps]`` by the independence form with the overall acceptance
-        rate and the mean drafted depth (paper section 3), for comparison. ``free_draft_and_judge=True`` sets
-        ``c = 0`` and ``J = 0``: the most any draft and judge could give at this acceptance (an upper bound).
+        rate and the mean drafted steps per cycle as gamma (paper section 3), for comparison.
+        ``free_draft_and_judge=True`` drops the draft's and the judge's cost (``c = 0``, ``J = 0``): the most any
+        draft and judge could give at this acceptance (an upper bound).
         """
-        if cost is None or not self.cycles or not self.steps or not self.target_calls:
+        terms = self.cycle_cost(cost)
+        if terms is None or not self.steps:
             return None
-        tau = cost.target_step_seconds
-        per_cycle = lambda x: x / self.cycles  # noqa: E731
-        if iid:  # mean drafted steps per cycle as gamma (width 1)
-            steps = iid_steps_per_cycle(self.acceptance_rate or 0.0, per_cycle(self.drafted_steps))
+        if free_draft_and_judge:
+            terms.update(draft=0.0, judge=0.0)
+        if iid:
+            steps = iid_steps_per_cycle(self.acceptance_rate or 0.0, self.drafted_steps / self.cycles)
         else:
             steps = self.steps_per_cycle
-        c = cost.c if cost.c is not None and not free_draft_and_judge else 0.0
-        judge = 0.0 if free_draft_and_judge else per_cycle(self.judge_seconds) / tau
-        f_t = cost.sd_cost_per_token(self.target_forward_passes, self.target_call_tokens, self.target_drafted_tokens,
-                                     proposer_c=cost.c if self.target_sd_method == "draft_model" else 0.0)
-        f_d = cost.sd_cost_per_token(self.draft_forward_passes, self.draft_call_tokens, self.draft_proposed_tokens,
-                                     draft=True)
-        return estimate_speedup(
-            steps_per_cycle=steps, step_tokens=self.generated_tokens / self.steps,
-            draft_tokens=per_cycle(self.draft_call_tokens), branch_tokens=self.target_call_tokens / self.target_branches,
-            c=c, b=cost.b_of(self.target_branches / self.target_calls), judge=judge,
-            f_target=f_t, f_draft=f_d)
+        total = sum(terms.values())
+        if total <= 0:
+            raise ValueError("cycle cost must be > 0")
+        return steps * (self.generated_tokens / self.steps) / total
 
     def merge(self, other: "RequestMetrics") -> None:
         """Add ``other``'s counts and times to this one (a run's totals; rates are then recomputed from them).

@@ -89,3 +89,31 @@ def test_role_model_tensors_round_trip(prompts, sampling, spec, stop, max_new):
         [(tuple(r.prompt_ids), r.max_new_tokens, r.stop, r.sampling, r.spec) for r in reqs]
     if all(s == SamplingParams() for s in sampling[: len(prompts)]) and spec == SpecDecodeConfig():
         assert set(arrays) <= {"input_ids", "input_lengths", "max_tokens", "stop"}  # greedy calls stay small
+
+
+def _kv_of(tokens):
+    """A fake KV ``[layers=1, 2, heads=1, n, dim=2]`` that encodes (token, position), to check what comes back."""
+    import torch
+
+    t = torch.tensor([[float(x), float(i)] for i, x in enumerate(tokens)]).reshape(1, 1, 1, len(tokens), 2)
+    return torch.cat([t, -t], dim=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=4),
+       st.lists(st.integers(0, 3), min_size=1, max_size=45), st.integers(1, 8))
+def test_prefix_cache_matches_the_longest_common_prefix(stored, query, block_size):
+    """With no eviction, a lookup returns the longest common prefix of the query with any stored sequence (whole
+    blocks, then token by token into the next block or a partial tail), and exactly that prefix's KV."""
+    import os
+
+    from lookahead_reasoning.backends.kv_cache import PrefixCache
+
+    cache = PrefixCache(block_size, max_bytes=1 << 30)
+    for seq in stored:
+        cache.insert(tuple(seq), _kv_of(seq))
+    n, kv = cache.match(tuple(query), len(query))
+    assert n == max(len(os.path.commonprefix([seq, query])) for seq in stored)
+    assert (kv is None) == (n == 0)
+    if n:
+        assert kv.equal(_kv_of(query[:n]))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from lookahead_reasoning.lookahead import AdaptiveGamma, LROptions
 from lookahead_reasoning.calibration import CostModel
-from lookahead_reasoning.metrics import RequestMetrics, estimate_speedup, iid_steps_per_cycle
+from lookahead_reasoning.metrics import RequestMetrics, iid_steps_per_cycle
 from lookahead_reasoning.steps import Step, StepConfig, split_reasoning, split_steps
 from lookahead_reasoning.verifiers import (NumericVerifier, RandomVerifier, VerifierConfig, make_verifier, normalize,
                                            numbers)
@@ -87,50 +87,61 @@ def test_llm_verifier_needs_a_judge():
         make_verifier(VerifierConfig(name="llm"), None)
 
 
-def test_expected_steps_and_speedup():
+def test_iid_steps_per_cycle():
     assert iid_steps_per_cycle(0.0, 4) == 1.0
     assert iid_steps_per_cycle(1.0, 4) == 5.0
     assert iid_steps_per_cycle(0.5, 2) == pytest.approx(1.75)
     assert iid_steps_per_cycle(0.5, 1.5) == pytest.approx((1.5 + 1.75) / 2)
-    # equal step lengths, no SD: E[steps] / (gamma * c + b + J / l) = 2.44 / (2 * 0.2 + 1.3)
-    assert estimate_speedup(2.44, 10, 20, 10, c=0.2, b=1.3) == pytest.approx(2.44 / 1.7)
-    assert estimate_speedup(1.0, 10, 0, 10, c=0.2, b=1.0) == 1.0
-    # SD: 2 tokens per forward whose 3 positions cost 1.2 plain forwards -> f = 0.6
-    assert estimate_speedup(1.0, 10, 0, 10, c=0.2, b=1.0, f_target=0.6) == pytest.approx(1 / 0.6)
     with pytest.raises(ValueError, match="alpha"):
         iid_steps_per_cycle(1.5, 2)
-    with pytest.raises(ValueError, match="cost"):
-        estimate_speedup(1.0, 10, 0, 0, c=0.2, b=1.0)
+    with pytest.raises(ValueError, match="gamma"):
+        iid_steps_per_cycle(0.5, -1)
 
 
-def test_request_estimate_from_counts():
-    """Equation (1) from a run's counts: 2 cycles of gamma 2 with 10-token steps; the first accepts both drafts,
-    the second none; a calibrated cost model with c = 0.25, b(3) = 1.5 and no SD."""
+def _two_cycles(**extra) -> RequestMetrics:
+    """2 cycles of gamma 2 with 10-token steps: the first accepts both drafts, the second none."""
+    return RequestMetrics(cycles=2, steps=4, target_steps=2, generated_tokens=40, drafted_steps=4, verified_steps=3,
+                          accepted_steps=2, accepted_by_depth=[1, 1], verified_by_depth=[2, 1],
+                          draft_forward_passes=40, target_calls=2, target_branches=6, target_call_forwards=20,
+                          target_forward_passes=60, target_call_tokens=60, judge_seconds=0.02, **extra)
+
+
+def test_estimate_from_counts():
+    """Equation (1): c = 0.25, b(3) = 1.5, no SD. Per cycle: 20 draft forwards * 0.25 + 10 forwards of the
+    longest branch * b(3) at 3 rows per forward + J = 1 forward -> 5 + 15 + 1 = 21 forwards for 2 steps of 10
+    tokens."""
     cost = CostModel(target_step_seconds=0.01, draft_step_seconds=0.0025, b={3: 1.5})
-    m = RequestMetrics(cycles=2, steps=4, target_steps=2, generated_tokens=40, drafted_steps=4, verified_steps=3,
-                       accepted_steps=2, accepted_by_depth=[1, 1], verified_by_depth=[2, 1], draft_call_tokens=40,
-                       target_calls=2, target_branches=6, target_call_tokens=60, target_forward_passes=60,
-                       judge_seconds=0.02)
+    m = _two_cycles()
     assert m.steps_per_cycle == 2.0  # t = 1 plus A_1 = A_2 = 1/2
-    # per cycle: 20 draft tokens * 0.25 + 10 tokens * b(3) + J = 1 forward -> 5 + 15 + 1 = 21; gain 2 steps * 10
+    assert m.cycle_cost(cost) == pytest.approx({"draft": 5.0, "target": 15.0, "prefill": 0.0, "judge": 1.0})
     assert m.estimate(cost) == pytest.approx(20 / 21)
     # the independence form with alpha = 2/3 and 2 drafted steps per cycle
     assert m.estimate(cost, iid=True) == pytest.approx((1 + 2 / 3 + 4 / 9) * 10 / 21)
+    assert m.estimate(cost, free_draft_and_judge=True) == pytest.approx(20 / 15)
+    # prefill: 20 new prompt tokens per call cost v(20), extrapolated from v(2) = 1.1, v(8) = 1.7 -> 2.9
+    wide = CostModel(0.01, 0.0025, b={3: 1.5}, width={2: 1.1, 8: 1.7})
+    p = _two_cycles(target_prefill_tokens=40, target_prefill_calls=2)
+    assert p.cycle_cost(wide)["prefill"] == pytest.approx(2.9)
+    # n-gram SD in the target: 2 positions per forward cost v(2) = 1.1; a draft-model proposer adds c per token
+    sd = _two_cycles(target_drafted_tokens=60, target_sd_method="draft_model")
+    assert sd.cycle_cost(wide)["target"] == pytest.approx(10 * (1.5 * 1.1 + 0.25))
+    # the engine's padded widths win over the mean proposals: 3 positions per row -> v(3) = 1.2, 2 proposals
+    padded = _two_cycles(target_drafted_tokens=60, target_forward_positions=180, target_sd_method="draft_model")
+    assert padded.cycle_cost(wide)["target"] == pytest.approx(10 * (1.5 * 1.2 + 2 * 0.25))
     total = RequestMetrics()
     total.merge(m)
     total.merge(m)
-    assert total.cycles == 4 and total.accepted_by_depth == [2, 2] and total.estimate(cost) == pytest.approx(m.estimate(cost))
+    assert total.cycles == 4 and total.accepted_by_depth == [2, 2] and total.estimate(cost) == pytest.approx(20 / 21)
     assert RequestMetrics().estimate(cost) is None and m.estimate(None) is None
 
 
-def test_sd_cost_per_token_interpolates_width_costs():
+def test_forward_cost_interpolates_and_extrapolates():
     cost = CostModel(0.01, None, width={3: 1.2, 7: 2.0})
-    assert cost.sd_cost_per_token(10, 20, 20) == pytest.approx(1.2 / 2)  # w = 3, s = 2
-    assert cost.sd_cost_per_token(10, 10, 0) == 1.0
-    assert cost.sd_cost_per_token(10, 30, 40) == pytest.approx(1.6 / 3)  # w = 5: halfway between 1.2 and 2.0
-    assert cost.sd_cost_per_token(0, 0, 0) == 1.0
-    # a draft-model proposer adds (w - 1) * c per forward: (1.2 + 2 * 0.1) / 2
-    assert cost.sd_cost_per_token(10, 20, 20, proposer_c=0.1) == pytest.approx(1.4 / 2)
+    assert cost.forward_cost(1) == cost.forward_cost(0.5) == 1.0
+    assert cost.forward_cost(3) == pytest.approx(1.2)
+    assert cost.forward_cost(5) == pytest.approx(1.6)
+    assert cost.forward_cost(9) == pytest.approx(2.4)
+    assert CostModel(0.01, None).forward_cost(40) == 1.0  # nothing measured: a forward costs one decode forward
 
 
 def test_merge_keeps_labels_and_drops_per_request_values():

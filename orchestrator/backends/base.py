@@ -110,6 +110,8 @@ class GenerationCounters:
     serve several requests at once, are not counted); ``prefill_tokens_computed`` / ``prefill_tokens_cached``
     split the prompt between KV computed for this request and KV served from the prefix cache;
     ``drafted_tokens`` / ``accepted_tokens`` are token-level speculative decoding proposals and acceptances;
+    ``forward_positions`` sums the new positions each decoding forward computed for this request (its row's
+    padded width: 1 plus the most proposals of any row in that forward);
     ``seconds`` is wall time from submission to completion.
     """
 
@@ -118,6 +120,7 @@ class GenerationCounters:
     prefill_tokens_cached: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    forward_positions: int = 0
     seconds: float = 0.0
 
     def add(self, other: "GenerationCounters") -> None:

@@ -10,7 +10,10 @@ physical layout never has to match the logical positions. The cache is compacted
 
 ``PrefixCache`` stores the KV of token prefixes in fixed-size blocks keyed by a hash chain over block
 contents (the scheme of vLLM's automatic prefix caching), evicting least-recently-used blocks beyond a
-memory bound. Leaves are evicted before their parents.
+memory bound. Leaves are evicted before their parents. Unlike vLLM it also keeps the last, partial block of
+each stored sequence (a "tail") and matches token by token inside the last block, because here a request's
+prompt is usually exactly an earlier sequence (the next step's context is the finished step's tokens; the
+branches of a cycle are prefixes of the longest one): the whole prompt is then served from cache.
 """
 
 from __future__ import annotations
@@ -195,19 +198,21 @@ class BatchKVCache(Cache):
 @dataclass
 class _Block:
     parent: int | None
-    tokens: tuple[int, ...]
-    kv: torch.Tensor  # [num_layers, 2, kv_heads, block_size, head_dim]
+    tokens: tuple[int, ...]  # block_size tokens, or fewer for a tail (a sequence's last, partial block)
+    kv: torch.Tensor  # [num_layers, 2, kv_heads, len(tokens), head_dim]
 
 
 class PrefixCache:
     """Block-hashed prefix KV cache with LRU eviction.
 
     Args:
-        block_size: tokens per block (only whole blocks are cached).
+        block_size: tokens per block.
         max_bytes: memory bound for the stored KV; least-recently-used blocks are evicted beyond it.
 
     A block's key is ``hash((parent_key, block_tokens))`` so equal keys mean equal whole prefixes
     (stored tokens and parent keys are compared on lookup, so a hash collision cannot return wrong KV).
+    Whole blocks are matched by key; after the last whole block, the children of that block (whole blocks
+    and tails) are searched for the longest common prefix with the next tokens.
     """
 
     def __init__(self, block_size: int = 16, max_bytes: int = 256 << 20) -> None:
@@ -216,6 +221,7 @@ class PrefixCache:
         self.block_size = block_size
         self.max_bytes = max_bytes
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
+        self._children: dict[int | None, set[int]] = {}
         self._bytes = 0
         self.hits_tokens = 0
         self.lookup_tokens = 0
@@ -229,6 +235,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._children.clear()
         self._bytes = 0
 
     def _keys(self, tokens: tuple[int, ...], n_blocks: int):
@@ -244,45 +251,74 @@ class PrefixCache:
         """Longest cached prefix of ``tokens`` of at most ``max_tokens`` tokens.
 
         Returns:
-            ``(n, kv)``: ``n`` matched tokens (a multiple of ``block_size``) and their KV
+            ``(n, kv)``: ``n`` matched tokens (whole blocks, then part of one more block or tail) and their KV
             ``[num_layers, 2, kv_heads, n, head_dim]`` (None when ``n == 0``).
         """
+        bs = self.block_size
         found: list[tuple[int, _Block]] = []
-        for key, parent, block in self._keys(tokens, max_tokens // self.block_size):
+        for key, parent, block in self._keys(tokens, max_tokens // bs):
             entry = self._blocks.get(key)
             if entry is None or entry.tokens != block or entry.parent != parent:
                 break
             found.append((key, entry))
         self.lookup_tokens += max_tokens
-        if not found:
+        n = len(found) * bs
+        rest = tuple(tokens[n:min(max_tokens, n + bs)])
+        part, part_len = None, 0
+        for key in self._children.get(found[-1][0] if found else None, ()) if rest else ():
+            entry = self._blocks[key]
+            k = 0
+            while k < min(len(rest), len(entry.tokens)) and entry.tokens[k] == rest[k]:
+                k += 1
+            if k > part_len:
+                part, part_len = (key, entry), k
+        if part is not None:
+            self._blocks.move_to_end(part[0])
+        if not found and part is None:
             return 0, None
         for key, _ in reversed(found):  # leaves first, so the root ends most recent
             self._blocks.move_to_end(key)
-        n = len(found) * self.block_size
-        self.hits_tokens += n
-        return n, torch.cat([entry.kv for _, entry in found], dim=3)
+        kvs = [entry.kv for _, entry in found] + ([part[1].kv[:, :, :, :part_len]] if part else [])
+        self.hits_tokens += n + part_len
+        return n + part_len, torch.cat(kvs, dim=3)
 
     def insert(self, tokens: tuple[int, ...], kv: torch.Tensor) -> int:
-        """Store the whole blocks of ``tokens`` whose KV is ``kv[:, :, :, :len(tokens)]``.
+        """Store the blocks of ``tokens`` whose KV is ``kv[:, :, :, :len(tokens)]``: every whole block, then the
+        rest as a tail (unless a stored child of the last block already starts with it).
 
         Returns:
-            the number of newly stored blocks.
+            the number of newly stored blocks and tails.
         """
-        n_blocks = min(len(tokens), kv.shape[3]) // self.block_size
+        length = min(len(tokens), kv.shape[3])
+        bs = self.block_size
+        n_blocks = length // bs
         added = 0
         touched = []
-        for i, (key, parent, block) in enumerate(self._keys(tokens, n_blocks)):
+        parent = None
+        for i, (key, parent_key, block) in enumerate(self._keys(tokens, n_blocks)):
             touched.append(key)
-            if key in self._blocks:
-                continue
-            bs = self.block_size
-            data = kv[:, :, :, i * bs:(i + 1) * bs].clone()
-            self._blocks[key] = _Block(parent, block, data)
-            self._bytes += data.numel() * data.element_size()
+            parent = key
+            if key not in self._blocks:
+                self._store(key, parent_key, block, kv[:, :, :, i * bs:(i + 1) * bs])
+                added += 1
+        tail = tuple(tokens[n_blocks * bs:length])
+        key = hash((parent, tail))
+        if tail and key not in self._blocks and not any(
+                self._blocks[k].tokens[: len(tail)] == tail for k in self._children.get(parent, ())):
+            self._store(key, parent, tail, kv[:, :, :, n_blocks * bs:length])
+            touched.append(key)
             added += 1
         for key in reversed(touched):
             self._blocks.move_to_end(key)
         while self._bytes > self.max_bytes and self._blocks:
-            _, old = self._blocks.popitem(last=False)
+            key, old = self._blocks.popitem(last=False)
             self._bytes -= old.kv.numel() * old.kv.element_size()
+            self._children.get(old.parent, set()).discard(key)
+            self._children.pop(key, None)
         return added
+
+    def _store(self, key: int, parent: int | None, tokens: tuple[int, ...], kv: torch.Tensor) -> None:
+        data = kv.clone()
+        self._blocks[key] = _Block(parent, tokens, data)
+        self._children.setdefault(parent, set()).add(key)
+        self._bytes += data.numel() * data.element_size()

@@ -159,7 +159,9 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self._cv = threading.Condition()
         self._closed = False
         self.stats = GenerationCounters()  # totals over the engine's life
-        self.step_seconds: list[tuple[int, int, float]] = []  # (rows, new positions, seconds) per decode step
+        # With record_steps: (rows, new positions per row, seconds) per decode step, and per prefill forward.
+        self.step_seconds: list[tuple[int, int, float]] = []
+        self.prefill_seconds: list[tuple[int, int, float]] = []
         self.record_steps = False
         self._thread = threading.Thread(target=self._loop, name=f"engine-{id(self):x}", daemon=True)
         self._thread.start()
@@ -408,8 +410,11 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         }
         if not logits:
             kwargs["logits_to_keep"] = 1
+        t0 = time.perf_counter()
         out = self.model(**kwargs)
         self.stats.forward_passes += 1
+        if self.record_steps and not logits:
+            self.prefill_seconds.append((ids.shape[0], ids.shape[1], time.perf_counter() - t0))
         return out.logits if logits else None
 
     # -- decoding --------------------------------------------------------------------------------------
@@ -481,6 +486,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             # Slots of rejected proposals (and row padding) become holes.
             self._cache.invalidate(r, start_slot + 1 + verdict.accepted, start_slot + width)
             s.counters.forward_passes += 1
+            s.counters.forward_positions += width
             s.counters.drafted_tokens += k
             s.counters.accepted_tokens += verdict.accepted
             for tok in verdict.tokens:
