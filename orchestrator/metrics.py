@@ -29,8 +29,8 @@ draft). Forwards, rows, positions and acceptance are counted in the run; ``c``, 
 the calibration. With independent acceptance ``alpha`` per step, ``A_i = alpha^i`` and ``t = 1`` (2) is the
 paper's ``(1 - alpha^(gamma+1)) / (1 - alpha)``; with steps of equal length ``l`` and neither SD nor prefill,
 ``F_q = gamma * l``, ``F_p = l`` and ``r = gamma + 1``, and (1) is DESIGN.md's
-``E[steps] / (gamma * c + b(gamma + 1) + J / l)``. ``ar`` gives 1, ``sd`` its tokens per forward over the
-forwards' cost. :func:`iid_steps_per_cycle` keeps the independence form, to show how far it is from the
+``E[steps] / (gamma * c + b(gamma + 1) + J / l)``. ``ar`` gives 1 (less its prefill), ``sd`` its tokens per
+forward over the forwards' cost. :func:`iid_steps_per_cycle` keeps the independence form, to show how far it is from the
 measured one (``benchmarks/RESULTS.md``: acceptance falls with depth and short answers end cycles early).
 """
 
@@ -66,8 +66,8 @@ class RequestMetrics:
     ``target_forward_passes`` / ``target_drafted_tokens`` are the same for the target's calls
     (``target_branches`` branches in ``target_calls`` calls; forwards summed over branches), and
     ``target_call_forwards`` sums each call's longest branch's forwards, ``*_forward_positions`` the positions
-    per row those forwards computed (padded widths, see ``GenerationCounters``). ``*_prefill_tokens`` are prompt tokens
-    computed rather than served from the prefix cache, in ``*_prefill_calls`` calls.
+    per row those forwards computed (padded widths, see ``GenerationCounters``). ``*_prefill_tokens`` are
+    prompt tokens computed rather than served from the prefix cache, in ``*_prefill_calls`` calls.
 
     In asynchronous mode the role times overlap, so they can sum to more than ``seconds``.
     """
