@@ -117,7 +117,9 @@ class LRResult:
 class AdaptiveGamma:
     """Adaptive lookahead depth (documented rule, applied after every verified position or cycle):
 
-    - all drafts of a cycle accepted: ``gamma += 1`` (up to ``max_gamma``);
+    - all ``gamma`` drafts of a cycle accepted: ``gamma += 1`` (up to ``max_gamma``); a chain that ended
+      early (the draft wrote EOS, a cut step, or the budget ran out) says nothing about deeper steps, so
+      accepting all of it does not raise gamma (on short answers it otherwise kept gamma near its cap);
     - the first draft rejected: ``gamma -= 1`` (down to 0, i.e. plain target decoding);
     - the target engine busy (``load >= load_threshold`` sequences in flight from all requests):
       ``gamma = min(gamma, max(0, max_gamma - load // load_threshold))``;
@@ -142,10 +144,12 @@ class AdaptiveGamma:
             return 0
         return self.gamma
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, planned: int | None = None) -> None:
+        """Apply the rule to one cycle: ``drafted`` steps drafted of ``planned`` (default ``drafted``),
+        the first ``accepted`` of them accepted."""
         if drafted == 0:
             return
-        if accepted == drafted:
+        if accepted == drafted and drafted >= (planned or drafted):
             self.gamma = min(self.gamma + 1, self.max_gamma)
         elif accepted == 0:
             self.gamma = max(self.gamma - 1, 0)
@@ -519,16 +523,16 @@ class _Run:
             events.append(self._commit(candidates[j][hit], j))
             accepted += 1
             if self.finish or hit != 0:
-                self._adapt(len(chain), accepted)
+                self._adapt(len(chain), accepted, gamma)
                 return events
-        self._adapt(len(chain), accepted)
+        self._adapt(len(chain), accepted, gamma)
         if accepted < len(targets):
             events.append(self._commit(targets[accepted], accepted))
         return events
 
-    def _adapt(self, drafted: int, accepted: int) -> None:
+    def _adapt(self, drafted: int, accepted: int, planned: int | None = None) -> None:
         if self.controller is not None:
-            self.controller.update(drafted, accepted)
+            self.controller.update(drafted, accepted, planned)
 
     async def _async_loop(self) -> AsyncIterator[StepEvent]:
         ctx = self.ctx

@@ -155,7 +155,9 @@ def test_merge_keeps_labels_and_drops_per_request_values():
 def test_adaptive_gamma_rule():
     ctl = AdaptiveGamma(start=2, max_gamma=4, load_threshold=8, probe_every=3)
     assert ctl.next_gamma(load=0) == 2
-    ctl.update(drafted=2, accepted=2)
+    ctl.update(drafted=1, accepted=1, planned=2)  # the chain ended early (EOS): no evidence for depth 2
+    assert ctl.next_gamma(0) == 2
+    ctl.update(drafted=2, accepted=2, planned=2)
     assert ctl.next_gamma(0) == 3
     ctl.update(3, 0)
     ctl.update(2, 0)
