@@ -125,6 +125,10 @@ class AdaptiveGamma:
       ``gamma = min(gamma, max(0, max_gamma - load // load_threshold))``;
     - at ``gamma == 0`` every ``probe_every``-th cycle runs with ``gamma = 1`` so the controller can see
       acceptance again and recover.
+
+    A :class:`LookaheadReasoner` keeps one controller per ``(gamma, max_gamma)`` setting and shares it among
+    its requests, so what earlier requests showed about acceptance carries over: an answer of a few steps is
+    over before a controller of its own could move far from the start value.
     """
 
     def __init__(self, start: int, max_gamma: int, load_threshold: int = 8, probe_every: int = 4) -> None:
@@ -194,6 +198,7 @@ class LookaheadReasoner:
         self.defaults = defaults or LROptions()
         self.use_chat_template = use_chat_template
         self._verifiers: dict[tuple, Verifier] = {}
+        self._controllers: dict[tuple[int, int], AdaptiveGamma] = {}
         self.cost_model = None  # a calibration.CostModel, when measured: enables speedup estimates
         self.shared_tokenizer = draft is not None and _same_vocab(target, draft)
 
@@ -220,6 +225,13 @@ class LookaheadReasoner:
         if key not in self._verifiers:
             self._verifiers[key] = make_verifier(config, self.judge_engine)
         return self._verifiers[key]
+
+    def controller(self, opts: LROptions) -> AdaptiveGamma:
+        """The adaptive-gamma controller shared by requests with ``opts.gamma`` / ``opts.max_gamma``."""
+        key = (opts.gamma, opts.max_gamma)
+        if key not in self._controllers:
+            self._controllers[key] = AdaptiveGamma(opts.gamma, opts.max_gamma)
+        return self._controllers[key]
 
     # -- public API ------------------------------------------------------------------------------------
     def options(self, **overrides) -> LROptions:
@@ -321,7 +333,7 @@ class _Run:
         self.m = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids),
                                 target_sd_method=opts.target_sd.method)
         self.draft_ok = opts.speculative
-        self.controller = AdaptiveGamma(opts.gamma, opts.max_gamma) if opts.adaptive_gamma else None
+        self.controller = owner.controller(opts) if opts.adaptive_gamma else None
         self.stops = (opts.step.delimiter,) + tuple(opts.stop)
         self.finish: str | None = None
         self.events_out: list[StepEvent] = []

@@ -75,6 +75,10 @@ def test_width_and_adaptive_gamma_stay_lossless(trio, delimiter):
         adaptive = r.run(p, options=_opts(delimiter, mode="lr", adaptive_gamma=True))
         assert wide.token_ids == ar.token_ids
         assert adaptive.token_ids == ar.token_ids
+    # the unrelated draft's steps are rejected, and the controller the requests share has learned it
+    opts = _opts(delimiter, mode="lr", adaptive_gamma=True)
+    assert r.controller(opts).gamma < opts.gamma
+    assert adaptive.metrics.mean_gamma < opts.gamma
 
 
 def test_budget_and_user_stop(trio, delimiter):
