@@ -84,13 +84,13 @@ def main(argv=None) -> int:
     table = []
     for name, r in rows.items():
         speedup = r.tokens_per_s / ar.tokens_per_s if ar.tokens_per_s else None
-        est = r.speedup_estimate
+        est = r.estimate(ar)
         table.append({
             "run": name, "accuracy": r.accuracy, "accuracy_stderr": r.accuracy_stderr, "tokens_per_s": r.tokens_per_s,
             "speedup_vs_ar": speedup, "acceptance_rate": r.acceptance_rate, "acceptance_by_depth": r.acceptance_by_depth,
             "speedup_estimate": est, "measured_over_estimate": (speedup / est) if (speedup and est) else None,
-            "speedup_estimate_iid": r.speedup_estimate_iid,
-            "bound_free_draft_and_judge": r.totals.estimate(cost, free_draft_and_judge=True),
+            "speedup_estimate_iid": r.estimate(ar, iid=True),
+            "bound_free_draft_and_judge": r.estimate(ar, free_draft_and_judge=True),
             "gamma": r.totals.gamma_sum / r.totals.cycles if r.totals.cycles else None,
             "steps_per_cycle": r.totals.steps_per_cycle,
             "tokens": r.tokens, "seconds": r.seconds, "judge_fallbacks": r.totals.fallbacks,
@@ -132,13 +132,13 @@ def markdown(doc: dict) -> str:
     cm = doc["cost_model"]
     lines = [f"{doc['problems']} held-out problems, profile {doc['profile']}, gamma {doc['gamma']}; calibrated "
              f"c = {f(cm['c'], 3)}, b = {cm['b']}, v = {cm.get('v')}, target step {f(cm['target_step_ms'])} ms", "",
-             "| run | accuracy | tok/s | speedup vs ar | acceptance | estimate | measured/estimate | i.i.d. estimate |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| run | accuracy | tok/s | speedup vs ar | acceptance | estimate | measured/estimate | i.i.d. estimate | "
+             "bound (free draft and judge) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         acc = f"{100 * r['accuracy']:.1f}% ± {100 * r['accuracy_stderr']:.1f}" if r["accuracy"] is not None else "n/a"
         lines.append(f"| {r['run']} | {acc} | {f(r['tokens_per_s'], 1)} | {f(r['speedup_vs_ar'])} | "
                      f"{f(r['acceptance_rate'])} | {f(r['speedup_estimate'])} | {f(r['measured_over_estimate'])} | "
-                     f"{f(r['speedup_estimate_iid'])} |")
+                     f"{f(r['speedup_estimate_iid'])} | {f(r['bound_free_draft_and_judge'])} |")
     name = f"lr+sd sync [{doc['judge']}]"
     sweep = sorted((r for r in doc["runs"] if r["run"].split(" gamma=")[0] == name), key=lambda r: r["gamma"] or 0)
     if len(sweep) > 1:

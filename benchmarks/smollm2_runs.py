@@ -101,6 +101,9 @@ def main(argv=None) -> int:
         s = r["summary"]
         s["speedup_vs_first"] = s["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None
         s["latency_speedup_vs_first"] = base["seconds"] / s["seconds"] if s["seconds"] else None
+        for k in ("speedup_estimate", "bound_free_draft_and_judge"):  # predicted speedup vs the first run
+            if s.get(k) is not None and base.get("speedup_estimate"):
+                s[k + "_vs_first"] = s[k] / base["speedup_estimate"]
     doc["wall_seconds"] = time.time() - t0
     write(args.out, doc)
     print(json.dumps({k: v["summary"] for k, v in doc["runs"].items()}, indent=2))

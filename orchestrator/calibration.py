@@ -2,7 +2,8 @@
 
 ``c`` is the draft's time per decoding step over the target's, ``b(n)`` the target's time per decoding step
 with ``n`` sequences sharing a prefix (of lengths growing by 8 tokens, like a cycle's branches) over one
-sequence. Both are measured through the engine interface
+sequence; as in a cycle, only the shared prompt is cached (what a branch adds is new to the target), and the
+prefill forwards are not counted in ``b`` where the engine times them (they are the speed model's ``Pi``). Both are measured through the engine interface
 (so any backend can be calibrated): a warm prompt of ``prompt_tokens`` tokens, ``new_tokens`` greedy tokens,
 wall time divided by decoding steps (per-call overhead amortised over the steps, as in a real step).
 
@@ -11,6 +12,13 @@ wall time divided by decoding steps (per-call overhead amortised over the steps,
 per-forward timings where it keeps them (the portable engine's ``record_steps``): one sequence decodes with
 n-gram SD of ``k`` proposals, and prompts of 8 to 64 uncached tokens are prefilled; the median time of
 forwards of each width is divided by that of width-1 decoding steps. Engines without timings get ``v = 1``.
+
+Rows and widths do not multiply: ``n`` branch rows each verifying n-gram proposals cost more than
+``b(n) * v(w)`` (measured on the demo target: +6% at 3 rows, +13% at 5 rows, w = 3.5). So the branches of
+``b(n)`` are also decoded with n-gram SD of each ``k`` in ``sd_ks`` (the repeated prompt text gives the n-gram
+proposer matches), and the wall time per forward of the longest row at its mean padded width ``w`` gives
+``cost(n, w)`` directly (``CostModel.row_width``); :meth:`CostModel.call_forward_cost` applies it as a
+correction of ``b(n) * v(w)``.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ class CostModel:
     b: dict[int, float] = field(default_factory=dict)
     width: dict[int, float] = field(default_factory=dict)
     draft_width: dict[int, float] = field(default_factory=dict)
+    row_width: dict[int, dict[float, float]] = field(default_factory=dict)
 
     @property
     def c(self) -> float | None:
@@ -49,16 +58,35 @@ class CostModel:
         widths measured (prefill forwards of a few dozen tokens)."""
         return _interpolate(self.draft_width if draft else self.width, max(positions, 1.0))
 
+    def call_forward_cost(self, rows: float, positions: float) -> float:
+        """The cost of one forward of ``rows`` rows with ``positions`` new positions each (padded), relative to
+        one row and one position: ``b(rows) * v(positions)`` times the correction that ``row_width`` measured
+        (measured / (b(n) v(w)) at its points; 1 at one position and one row, linear in between, held beyond
+        the last point in each direction), so that measured points are reproduced and ``v``'s shape is kept."""
+        w = max(positions, 1.0)
+        base = self.b_of(rows) * self.forward_cost(w)
+        if not self.row_width or rows <= 1:
+            return base
+
+        def correction(n: int) -> float:
+            pts = {x: y / (self.b_of(n) * self.forward_cost(x)) for x, y in self.row_width[n].items()}
+            return _interpolate(pts, min(w, max(pts)), start=(1.0, 1.0))
+
+        per_rows = {n: correction(n) for n in self.row_width}
+        return base * _interpolate(per_rows, min(rows, max(per_rows)), start=(1, 1.0))
+
     def to_dict(self) -> dict:
         ratios = lambda d: {str(k): v for k, v in sorted(d.items())}  # noqa: E731
         return {"target_step_ms": 1e3 * self.target_step_seconds,
                 "draft_step_ms": None if self.draft_step_seconds is None else 1e3 * self.draft_step_seconds,
-                "c": self.c, "b": ratios(self.b), "v": ratios(self.width), "draft_v": ratios(self.draft_width)}
+                "c": self.c, "b": ratios(self.b), "v": ratios(self.width), "draft_v": ratios(self.draft_width),
+                "row_width": {str(n): {f"{w:.2f}": x for w, x in sorted(p.items())}
+                              for n, p in sorted(self.row_width.items())}}
 
 
-def _interpolate(points: dict[int, float], x: float) -> float:
-    """Piecewise-linear through ``{1: 1.0, **points}``, extrapolated from the last two points."""
-    pts = sorted({1: 1.0, **points}.items())
+def _interpolate(points: dict, x: float, start: tuple[float, float] = (1, 1.0)) -> float:
+    """Piecewise-linear through ``{start[0]: start[1], **points}``, extrapolated from the last two points."""
+    pts = sorted({start[0]: start[1], **points}.items())
     if x <= pts[0][0] or len(pts) == 1:
         return pts[0][1]
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
@@ -77,6 +105,38 @@ def _step_seconds(engine: Engine, prompts: list[list[int]], new_tokens: int, rep
         res = engine.generate([GenerationRequest(p, new_tokens) for p in prompts])
         steps = max(len(r.token_ids) for r in res)
         best = min(best, (time.perf_counter() - t0) / max(steps, 1))
+    return best
+
+
+def _branch_call(engine: Engine, prompt: list[int], branches: list[list[int]], new_tokens: int, repeats: int,
+                 spec: SpecDecodeConfig | None = None) -> tuple[float, float, float]:
+    """Best-of-``repeats`` timing of one call over ``branches`` as a cycle makes it: only ``prompt`` is in the
+    prefix cache (the drafted steps a branch adds are new to the target), and the time of the prefill forwards
+    is left out where the engine records it (the speed model charges them as ``Pi``). Returns (seconds per
+    output token of the longest row, seconds per decoding forward of that row, its mean padded width)."""
+    best = (float("inf"), float("inf"), 1.0)
+    timed = hasattr(engine, "record_steps") and hasattr(engine, "reset_prefix_cache")
+    for _ in range(repeats):
+        if timed:
+            engine.reset_prefix_cache()
+            engine.generate([GenerationRequest(prompt, 1)])
+            engine.record_steps, engine.step_seconds, engine.prefill_seconds = True, [], []
+        try:
+            t0 = time.perf_counter()
+            res = engine.generate([GenerationRequest(b, new_tokens, spec=spec or SpecDecodeConfig())
+                                   for b in branches])
+            seconds = time.perf_counter() - t0
+            if timed:
+                seconds -= sum(x for _, _, x in engine.prefill_seconds)
+        finally:
+            if timed:
+                engine.record_steps, engine.step_seconds, engine.prefill_seconds = False, [], []
+        longest = max(res, key=lambda r: (len(r.token_ids), r.counters.forward_passes))
+        c = longest.counters
+        forwards = c.forward_passes or len(longest.token_ids)
+        width = c.forward_positions / c.forward_passes if c.forward_positions and c.forward_passes else 1.0
+        if forwards and seconds / forwards < best[1]:
+            best = (seconds / max(len(longest.token_ids), 1), seconds / forwards, width)
     return best
 
 
@@ -117,7 +177,8 @@ def _width_costs(engine: Engine, prompt: list[int], ks=(1, 3, 6), prefills=(8, 1
 
 def calibrate(target: Engine, draft: Engine | None, ns=(2, 3, 4, 5, 6, 8), prompt_tokens: int = 200,
               new_tokens: int = 16, repeats: int = 3, text: str = "Step 1: 12 + 30 = 42 apples.\n\n",
-              prompt_ids: list[int] | None = None, draft_prompt_ids: list[int] | None = None) -> CostModel:
+              prompt_ids: list[int] | None = None, draft_prompt_ids: list[int] | None = None,
+              sd_ks: tuple[int, ...] = (3, 6)) -> CostModel:
     """Measure :class:`CostModel` (a few seconds on the demo models on CPU).
 
     ``prompt_ids`` / ``draft_prompt_ids``: a representative prompt (e.g. the chat prompt of a dataset item) for
@@ -137,18 +198,23 @@ def calibrate(target: Engine, draft: Engine | None, ns=(2, 3, 4, 5, 6, 8), promp
     p = prompt_for(target, prompt_ids)
     _step_seconds(target, [p], 4, 1)  # warm the prefix cache and the allocator
     t1 = _step_seconds(target, [p], new_tokens, repeats)
-    b = {}
+    b, row_width = {}, {}
     for n in ns:
         branches = _branches(p, n)
-        _step_seconds(target, branches, 1, 1)  # the branches' prompts into the prefix cache
-        b[n] = _step_seconds(target, branches, new_tokens, repeats) / t1
+        b[n] = _branch_call(target, p, branches, new_tokens, repeats)[0] / t1
+        for k in sd_ks:
+            spec = SpecDecodeConfig(method="ngram", num_speculative_tokens=k)
+            _, seconds, width = _branch_call(target, p, branches, new_tokens, repeats, spec)
+            if width > 1.0:
+                row_width.setdefault(n, {})[round(width, 2)] = seconds / t1
+    _step_seconds(target, [p], 1, 1)  # leave the prompt cached
     d1, dw = None, {}
     if draft is not None:
         pd = prompt_for(draft, draft_prompt_ids)
         _step_seconds(draft, [pd], 4, 1)
         d1 = _step_seconds(draft, [pd], new_tokens, repeats)
         dw = _width_costs(draft, pd)
-    return CostModel(t1, d1, b, _width_costs(target, p), dw)
+    return CostModel(t1, d1, b, _width_costs(target, p), dw, row_width)
 
 
 def calibrate_reasoner(reasoner, prompt: str | None = None, messages=None, ns=(2, 3, 4, 5, 6, 8)) -> CostModel:

@@ -68,7 +68,8 @@ def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> 
              f"- machine: {m.get('cpu')} x{m.get('cpus')}; GPUs: {', '.join(m.get('gpus') or []) or 'none'}",
              f"- command: `{common.get('command')}`",
              "- tok/s = generated tokens / seconds, one request at a time; speedup = tok/s over ar's; acceptance = "
-             "accepted / verified drafted steps; estimate = analytic speed model with the run's acceptance", ""]
+             "accepted / verified drafted steps; estimate = the speed model's predicted speedup vs ar (equation (1) "
+             "of lookahead_reasoning.metrics for the mode over the same for ar, with the run's counts)", ""]
     for doc in docs:
         lines += [f"## {doc['dataset']} ({doc['n']} items)", "",
                   "| mode | accuracy | tok/s | speedup vs ar | acceptance | estimate |", "|---|---|---|---|---|---|"]

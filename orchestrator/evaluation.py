@@ -75,13 +75,23 @@ class ModeReport:
 
     @property
     def speedup_estimate(self) -> float | None:
-        """Equation (1) of :mod:`.metrics` on the run's totals (None without a cost model)."""
+        """Equation (1) of :mod:`.metrics` on the run's totals, in tokens per target step (None without a
+        cost model); :meth:`estimate` with the ``ar`` report gives the predicted speedup vs ``ar``."""
         return self.totals.estimate(self.cost_model)
 
     @property
     def speedup_estimate_iid(self) -> float | None:
         """The same with the independence form of ``E[steps]`` (paper section 3), for comparison."""
         return self.totals.estimate(self.cost_model, iid=True)
+
+    def estimate(self, ar: "ModeReport | None" = None, **kw) -> float | None:
+        """The speed model's prediction of ``speedup_vs_ar``: equation (1) for this run divided by equation (1)
+        for ``ar``, the ``ar`` run on the same items (both charge the prompts' prefill, so an ``ar`` run is
+        exactly 1.0); the undivided estimate without ``ar``. ``kw``: ``iid`` or ``free_draft_and_judge`` of
+        :meth:`.metrics.RequestMetrics.estimate` for this run."""
+        est = self.totals.estimate(self.cost_model, **kw)
+        base = ar.totals.estimate(ar.cost_model) if ar is not None else None
+        return est / base if est is not None and base else est
 
 
 def uses_chat_template(reasoner: LookaheadReasoner) -> bool:
@@ -169,7 +179,7 @@ def run_gamma_sweep(reasoner: LookaheadReasoner, items: Sequence[EvalItem], mode
         rows.append({"gamma": g, "tokens_per_s": rep.tokens_per_s,
                      "speedup_vs_ar": rep.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else None,
                      "acceptance_rate": rep.acceptance_rate, "acceptance_by_depth": rep.acceptance_by_depth,
-                     "accuracy": rep.accuracy, "speedup_estimate": rep.speedup_estimate})
+                     "accuracy": rep.accuracy, "speedup_estimate": rep.estimate(baseline)})
     return rows
 
 
@@ -186,8 +196,8 @@ def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None
             "latency_speedup_vs_ar": (ar.seconds / r.seconds) if ar and r.seconds else None,
             "acceptance_rate": r.acceptance_rate,
             "acceptance_by_depth": r.acceptance_by_depth,
-            "speedup_estimate": r.speedup_estimate,
-            "speedup_estimate_iid": r.speedup_estimate_iid,
+            "speedup_estimate": r.estimate(ar),
+            "speedup_estimate_iid": r.estimate(ar, iid=True),
             "generated_tokens": r.tokens,
             "seconds": r.seconds,
             "judge_fallbacks": r.totals.fallbacks,

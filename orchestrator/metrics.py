@@ -5,7 +5,7 @@ Speed model (DESIGN.md section 1; paper arXiv 2506.19830, section 3, synchronous
 ``CostModel.target_step_seconds``); autoregressive decoding pays ``tau`` per output token. One synchronous
 cycle commits ``E[steps]`` steps of ``l`` tokens each and costs
 
-    c * v_q(w_q) * F_q  +  F_p * (b(r) * v_p(w_p) + (w_p - 1) * c')  +  Pi  +  J                (cost)
+    c * v_q(w_q) * F_q  +  F_p * (u(r, w_p) + (w_p - 1) * c')  +  Pi  +  J                     (cost)
 
 - ``F_q``: the draft's decoding forwards per cycle (its ``gamma`` steps, one after another); ``c``: the draft's
   cost per forward relative to the target's;
@@ -14,7 +14,9 @@ cycle commits ``E[steps]`` steps of ``l`` tokens each and costs
   occupancy ``r`` (rows per forward: branches leave the batch as they finish);
 - ``v(w)``: the cost of a forward with ``w`` new positions per row relative to one (token-level SD verifies
   ``w - 1`` proposals per forward; ``v(1) = 1``, calibrated), and ``c'`` the cost of one proposed token (``c``
-  for a draft-model proposer, 0 for n-gram lookup);
+  for a draft-model proposer, 0 for n-gram lookup); ``u(r, w)``: a forward over ``r`` rows of ``w`` positions,
+  calibrated jointly where measured (rows and widths do not multiply on CPU), else ``b(r) * v(w)``
+  (``CostModel.call_forward_cost``);
 - ``Pi``: prefilling the prompt tokens a call has not cached (the target's branches hold the drafted steps):
   ``v(m)`` per call with ``m`` new prompt tokens; ``J``: the judge's time per cycle.
 
@@ -134,7 +136,7 @@ class RequestMetrics:
 
     def cycle_cost(self, cost) -> dict[str, float] | None:
         """The terms of equation (1)'s cost per cycle, in target forwards: ``draft`` (``c v_q F_q`` plus the
-        draft's prefill), ``target`` (``F_p (b(r) v_p + (w_p - 1) c')``), ``prefill`` (the target's ``Pi``) and
+        draft's prefill), ``target`` (``F_p (u(r, w_p) + (w_p - 1) c')``), ``prefill`` (the target's ``Pi``) and
         ``judge`` (``J``). None without a cost model or a target call."""
         if cost is None or not self.cycles or not self.target_call_forwards:
             return None
@@ -151,7 +153,7 @@ class RequestMetrics:
                      * per_cycle(self.draft_prefill_calls))
         proposal = (w_t - 1) * c if self.target_sd_method == "draft_model" else 0.0
         rows = self.target_forward_passes / self.target_call_forwards
-        target = per_cycle(self.target_call_forwards) * (cost.b_of(rows) * cost.forward_cost(w_t) + proposal)
+        target = per_cycle(self.target_call_forwards) * (cost.call_forward_cost(rows, w_t) + proposal)
         prefill = cost.forward_cost(mean(self.target_prefill_tokens, self.target_prefill_calls)) * \
             per_cycle(self.target_prefill_calls)
         return {"draft": draft, "target": target, "prefill": prefill,
@@ -159,7 +161,9 @@ class RequestMetrics:
 
     def estimate(self, cost, iid: bool = False, free_draft_and_judge: bool = False) -> float | None:
         """Equation (1) with this request's (or run's) counts and the calibrated ``c``, ``b`` and ``v`` of
-        ``cost`` (a :class:`~lookahead_reasoning.calibration.CostModel`); None without one.
+        ``cost`` (a :class:`~lookahead_reasoning.calibration.CostModel`); None without one. Units: generated
+        tokens per target step T, so an ``ar`` run gets slightly under 1 (its prompt's prefill); the predicted
+        speedup of a run vs ``ar`` is its estimate over the ``ar`` run's (``evaluation.ModeReport.estimate``).
 
         ``iid=True`` replaces the measured ``E[steps]`` by the independence form with the overall acceptance
         rate and the mean drafted steps per cycle as gamma (paper section 3), for comparison.

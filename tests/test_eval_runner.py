@@ -98,6 +98,8 @@ def test_eval_handler_with_gamma_sweep(tiny_model_dir, tiny_draft_dir, tmp_path)
     assert [d["dataset"] for d in doc["datasets"]] == ["synthetic", "gsm8k"]
     assert [r["gamma"] for r in doc["datasets"][1]["gamma_sweep"]["lr"]] == [1, 2]
     assert {"date", "machine", "command", "cost_model"} <= set(doc)
+    modes = doc["datasets"][0]["modes"]  # estimates are predicted speedups vs ar: ar's own is exactly 1
+    assert modes["ar"]["speedup_estimate"] == pytest.approx(1.0) and modes["lr"]["speedup_estimate"] > 0
     assert (tmp_path / "plots" / "speedup_vs_gamma.png").exists()
     md = (tmp_path / "eval.md").read_text()
     assert "## gsm8k (1 items)" in md and "| lr |" in md and "gamma sweep" in md and "plots/speedup_vs_gamma.png" in md

@@ -144,6 +144,21 @@ def test_forward_cost_interpolates_and_extrapolates():
     assert CostModel(0.01, None).forward_cost(40) == 1.0  # nothing measured: a forward costs one decode forward
 
 
+def test_call_forward_cost_uses_the_joint_rows_by_width_points():
+    sep = CostModel(0.01, None, b={3: 1.5}, width={3: 1.2, 7: 2.0})
+    assert sep.call_forward_cost(3, 3) == pytest.approx(1.5 * 1.2)  # nothing joint measured: b(r) * v(w)
+    joint = CostModel(0.01, None, b={3: 1.5}, width={3: 1.2, 7: 2.0}, row_width={3: {3.0: 2.0}})
+    g = 2.0 / (1.5 * 1.2)  # the measured point over b(3) v(3)
+    assert joint.call_forward_cost(3, 1) == pytest.approx(1.5)  # one position: b(3)
+    assert joint.call_forward_cost(3, 3) == pytest.approx(2.0)  # the measured point
+    assert joint.call_forward_cost(3, 2) == pytest.approx(1.5 * 1.1 * (1 + g) / 2)  # v's shape, half the correction
+    assert joint.call_forward_cost(3, 7) == pytest.approx(1.5 * 2.0 * g)  # beyond: the last correction held
+    assert joint.call_forward_cost(1, 3) == pytest.approx(1.2)  # one row: v(w)
+    assert joint.call_forward_cost(2, 3) == pytest.approx(1.25 * 1.2 * (1 + g) / 2)  # between one row and three
+    m = _two_cycles(target_drafted_tokens=40, target_forward_positions=180)  # 3 rows of 3 positions
+    assert m.cycle_cost(joint)["target"] == pytest.approx(10 * 2.0)
+
+
 def test_merge_keeps_labels_and_drops_per_request_values():
     total = RequestMetrics()
     total.merge(RequestMetrics(mode="ar", target_sd_method="ngram", ttft_seconds=0.5, speedup_estimate=1.2, seconds=2.0))
