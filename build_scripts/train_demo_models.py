@@ -836,9 +836,9 @@ def fmt_table(res: dict) -> str:
         f"({s['semantic_over_exact']:.2f}x exact) | >= 1.5x exact |",
         f"| Target step = gold step: semantic / exact | {s['target_vs_gold_semantic'] * 100:.1f}% / "
         f"{s['target_vs_gold_exact'] * 100:.1f}% | |",
-        f"| Draft step = gold step: semantic / exact | {s['draft_vs_gold_semantic'] * 100:.1f}% / "
+        f"| Draft step = gold step: semantic / exact (close to draft vs target: the target writes the gold step) | {s['draft_vs_gold_semantic'] * 100:.1f}% / "
         f"{s['draft_vs_gold_exact'] * 100:.1f}% | |",
-        f"| Final answer line ({s['n_final_lines']}): exact / semantic | {s['final_exact'] * 100:.1f}% / "
+        f"| Final answer line, draft vs target ({s['n_final_lines']}): exact / semantic | {s['final_exact'] * 100:.1f}% / "
         f"{s['final_semantic'] * 100:.1f}% | |",
         f"| Judge, held-out synthetic pairs (n={js['n']}): precision / recall / accuracy on aligned | "
         f"{js['precision']:.4f} / {js['recall']:.3f} / {js['accuracy']:.3f} | precision >= 0.99, recall >= 0.80 |",
