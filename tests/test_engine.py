@@ -270,4 +270,6 @@ def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draf
     assert cost.width and min(cost.width) > 1 and all(v > 0 for v in cost.width.values())
     assert cost.draft_width and not target.record_steps and not target.step_seconds
     d = cost.to_dict()
-    assert set(d) == {"target_step_ms", "draft_step_ms", "c", "b", "v", "draft_v"}
+    assert set(d) == {"target_step_ms", "draft_step_ms", "c", "b", "v", "draft_v", "row_width"}
+    # rows x widths measured jointly on the branches (n-gram SD finds matches in the repeated text)
+    assert set(cost.row_width) <= {2, 5} and all(w > 1 and x > 0 for p in cost.row_width.values() for w, x in p.items())
