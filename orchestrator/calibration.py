@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .backends.base import Engine, GenerationRequest, SpecDecodeConfig
@@ -108,6 +109,17 @@ def _step_seconds(engine: Engine, prompts: list[list[int]], new_tokens: int, rep
     return best
 
 
+@contextmanager
+def _recording(engine: Engine):
+    """The engine's per-forward timings (``step_seconds``, ``prefill_seconds``) recorded for the block, then
+    switched off and cleared."""
+    engine.record_steps, engine.step_seconds, engine.prefill_seconds = True, [], []
+    try:
+        yield engine
+    finally:
+        engine.record_steps, engine.step_seconds, engine.prefill_seconds = False, [], []
+
+
 def _branch_call(engine: Engine, prompt: list[int], branches: list[list[int]], new_tokens: int, repeats: int,
                  spec: SpecDecodeConfig | None = None) -> tuple[float, float, float]:
     """Best-of-``repeats`` timing of one call over ``branches`` as a cycle makes it: only ``prompt`` is in the
@@ -116,21 +128,19 @@ def _branch_call(engine: Engine, prompt: list[int], branches: list[list[int]], n
     output token of the longest row, seconds per decoding forward of that row, its mean padded width)."""
     best = (float("inf"), float("inf"), 1.0)
     timed = hasattr(engine, "record_steps") and hasattr(engine, "reset_prefix_cache")
+    reqs = lambda: [GenerationRequest(b, new_tokens, spec=spec or SpecDecodeConfig()) for b in branches]  # noqa: E731
     for _ in range(repeats):
-        if timed:
+        if not timed:
+            t0 = time.perf_counter()
+            res = engine.generate(reqs())
+            seconds = time.perf_counter() - t0
+        else:
             engine.reset_prefix_cache()
             engine.generate([GenerationRequest(prompt, 1)])
-            engine.record_steps, engine.step_seconds, engine.prefill_seconds = True, [], []
-        try:
-            t0 = time.perf_counter()
-            res = engine.generate([GenerationRequest(b, new_tokens, spec=spec or SpecDecodeConfig())
-                                   for b in branches])
-            seconds = time.perf_counter() - t0
-            if timed:
-                seconds -= sum(x for _, _, x in engine.prefill_seconds)
-        finally:
-            if timed:
-                engine.record_steps, engine.step_seconds, engine.prefill_seconds = False, [], []
+            with _recording(engine):
+                t0 = time.perf_counter()
+                res = engine.generate(reqs())
+                seconds = time.perf_counter() - t0 - sum(x for _, _, x in engine.prefill_seconds)
         longest = max(res, key=lambda r: (len(r.token_ids), r.counters.forward_passes))
         c = longest.counters
         forwards = c.forward_passes or len(longest.token_ids)
@@ -153,8 +163,7 @@ def _width_costs(engine: Engine, prompt: list[int], ks=(1, 3, 6), prefills=(8, 1
     if not hasattr(engine, "record_steps"):
         return {}
     by_width: dict[int, list[float]] = {}
-    engine.record_steps, engine.step_seconds, engine.prefill_seconds = True, [], []
-    try:
+    with _recording(engine):
         for k in (0,) + tuple(ks):
             spec = SpecDecodeConfig(method="ngram", num_speculative_tokens=k) if k else SpecDecodeConfig()
             for _ in range(2):
@@ -167,8 +176,6 @@ def _width_costs(engine: Engine, prompt: list[int], ks=(1, 3, 6), prefills=(8, 1
         for rows, width, seconds in engine.step_seconds + engine.prefill_seconds:
             if rows == 1:
                 by_width.setdefault(width, []).append(seconds)
-    finally:
-        engine.record_steps, engine.step_seconds, engine.prefill_seconds = False, [], []
     if 1 not in by_width:
         return {}
     base = statistics.median(by_width[1])

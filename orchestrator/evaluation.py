@@ -73,19 +73,9 @@ class ModeReport:
         t = self.totals
         return [a / v if v else None for a, v in zip(t.accepted_by_depth, t.verified_by_depth)]
 
-    @property
-    def speedup_estimate(self) -> float | None:
-        """Equation (1) of :mod:`.metrics` on the run's totals, in tokens per target step (None without a
-        cost model); :meth:`estimate` with the ``ar`` report gives the predicted speedup vs ``ar``."""
-        return self.totals.estimate(self.cost_model)
-
-    @property
-    def speedup_estimate_iid(self) -> float | None:
-        """The same with the independence form of ``E[steps]`` (paper section 3), for comparison."""
-        return self.totals.estimate(self.cost_model, iid=True)
-
     def estimate(self, ar: "ModeReport | None" = None, **kw) -> float | None:
-        """The speed model's prediction of ``speedup_vs_ar``: equation (1) for this run divided by equation (1)
+        """The speed model's prediction of ``speedup_vs_ar``: equation (1) of :mod:`.metrics` on this run's totals
+        divided by equation (1)
         for ``ar``, the ``ar`` run on the same items (both charge the prompts' prefill, so an ``ar`` run is
         exactly 1.0); the undivided estimate without ``ar``. ``kw``: ``iid`` or ``free_draft_and_judge`` of
         :meth:`.metrics.RequestMetrics.estimate` for this run."""
