@@ -1,7 +1,8 @@
 """Evaluation datasets and answer checking.
 
-Datasets, by name (resolved under the data directory: ``$LOOKAHEAD_DATA_DIR``, else the ``shared/data``
-folder next to the repository) or as a JSONL path whose format is detected from its first row:
+Datasets, by name (resolved under the data directory: ``$LOOKAHEAD_DATA_DIR``, else the repository's own
+``data/`` folder, whose README lists each set's source and licence) or as a JSONL path whose format is
+detected from its first row:
 
 - ``synthetic``: held-out generator problems (a seed never used in training); graded on ``#### N``.
 - ``gsm8k``: ``question`` / ``answer`` with a ``#### N`` line; graded numerically.
@@ -58,9 +59,9 @@ class EvalItem:
 
 
 def data_dir() -> Path:
-    """``$LOOKAHEAD_DATA_DIR``, else ``<repo>/../shared/data``."""
+    """``$LOOKAHEAD_DATA_DIR``, else ``<repo>/data`` (the benchmark sets this repository carries)."""
     env = os.environ.get("LOOKAHEAD_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
 
 
 def _user(text: str) -> tuple:

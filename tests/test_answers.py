@@ -1,4 +1,4 @@
-"""Answer extraction and normalisation on tricky real formats; dataset loading from ../shared/data.
+"""Answer extraction and normalisation on tricky real formats; dataset loading from the repository's data/.
 
 GPQA is never read or printed here (the dataset is not supported by design)."""
 
