@@ -1,4 +1,4 @@
-"""The LLM-as-judge prompt (DESIGN.md section 1, after the reference Lookahead Reasoning code).
+"""The LLM-as-judge prompt (docs/design.md section 1.5, after the reference Lookahead Reasoning code).
 
 The judge sees two reasoning steps and answers ``[aligned]`` or ``[unaligned]``. The assistant turn is
 pre-filled with ``[`` and exactly ONE token is read: the verdict is "aligned" iff that token is the

@@ -1,6 +1,6 @@
 """Reasoning steps: what a step is, how text splits into steps, and reasoning/answer separation.
 
-A step (DESIGN.md section 1) is a span of whole tokens that ends with the token completing the delimiter
+A step (docs/design.md section 1.1) is a span of whole tokens that ends with the token completing the delimiter
 (default ``"\\n\\n"``, as in the paper), with EOS, or when ``max_step_tokens`` (default 100) is reached. A
 draft step that was cut by the token limit is never accepted.
 """

@@ -149,7 +149,7 @@ class EmbeddingVerifier(_Semantic):
 
 class LLMJudgeVerifier(_Semantic):
     """LLM-as-judge through any engine: prompt from :func:`build_judge_ids`, one greedy token, accepted iff
-    it is the ``aligned`` token (DESIGN.md section 1; the reference Lookahead Reasoning judge).
+    it is the ``aligned`` token (docs/design.md section 1.5; the reference Lookahead Reasoning judge).
 
     Args:
         engine: the judge engine (its ``tokenizer`` builds the prompt with the model's chat template).

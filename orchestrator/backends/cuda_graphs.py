@@ -1,7 +1,7 @@
 """GPU mode of the portable engine: a static (pre-allocated, never reallocated) batch KV cache and
 CUDA-graph captured forwards.
 
-On a GPU, eager transformers decoding is launch-bound (DESIGN.md section 3: a Qwen3-1.7B shape takes 28 ms per
+On a GPU, eager transformers decoding is launch-bound (docs/design.md section 4.4: a Qwen3-1.7B shape takes 28 ms per
 step eagerly against 2.7 ms of layer time). The fix is to replay one CUDA graph per decoding step. A graph
 bakes in tensor addresses and shapes, so:
 
@@ -16,7 +16,7 @@ bakes in tensor addresses and shapes, so:
 transformers' own path (``generate(cache_implementation="static")``, compiled by the library on CUDA) was the
 first choice, but it cannot hold ragged rows with holes, prefix-cached rows or speculative verification of a
 varying number of tokens per row; wrapping the forward in ``torch.compile(mode="reduce-overhead")`` by hand
-failed upstream with a CUDA-graph "overwritten" error in the static cache update (DESIGN.md, issue notes).
+failed upstream with a CUDA-graph "overwritten" error in the static cache update (docs/design.md section 4.4).
 The capture below uses ``torch.cuda.CUDAGraph`` directly (PyTorch "CUDA Graphs" docs: warm up on a side
 stream, capture, replay with ``copy_`` into static inputs).
 """

@@ -2,7 +2,7 @@
 
 NOT RUN IN CI: TensorRT-LLM needs NVIDIA GPUs and CUDA (``import tensorrt_llm`` loads ``libcuda.so.1``); it
 cannot be installed on the project's machines. This module is written against the documented API (see
-``../shared/notes/trtllm.md``); ``tensorrt_llm`` is imported only when a :class:`TrtllmEngine` is created, and a
+``docs/trtllm_notes.md``); ``tensorrt_llm`` is imported only when a :class:`TrtllmEngine` is created, and a
 missing package raises ``ImportError`` naming it. The pure functions here (the ``LLM(...)`` arguments, the
 ``SamplingParams`` arguments, the environment) are unit-tested without TensorRT-LLM.
 

@@ -1,7 +1,7 @@
 """Start a real Triton Inference Server for a profile (``lookahead-reasoning serve``).
 
 The server binary comes from the ``nvidia-pytriton`` wheel (Triton 2.51 with the Python backend; recipe in
-the README, "Triton on CPU"): the Python backend stub for the running Python is copied next to the backend
+docs/triton_on_cpu.md): the Python backend stub for the running Python is copied next to the backend
 library if missing, the virtual environment's ``bin`` goes first on ``PATH`` so models import this package,
 and every port binds to ``host`` (127.0.0.1 unless told otherwise).
 """
@@ -132,6 +132,23 @@ class TritonServer:
         raise RuntimeError(f"tritonserver not ready after {self.ready_timeout_s:.0f} s"
                            + (f" (log: {self.log_path})" if self.log_path else ""))
 
+    def engine_dtypes(self) -> dict[str, str]:
+        """``{role: dtype}`` of the role models' engines, read from the ``lr_engine_dtype_info`` metric ({} if the
+        metrics endpoint does not answer)."""
+        import re
+
+        try:
+            with urllib.request.urlopen(f"http://{self.metrics_url}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return {}
+        found = {}
+        for labels in re.findall(r'^lr_engine_dtype_info\{([^}]*)\}', text, re.M):
+            kv = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            if "role" in kv and "dtype" in kv:
+                found[kv["role"]] = kv["dtype"]
+        return found
+
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -178,8 +195,10 @@ def serve_forever(server: TritonServer, openai_port: int | None = None) -> int:
     front = None
     try:
         server.start()
+        dtypes = ", ".join(f"{role} {dt}" for role, dt in sorted(server.engine_dtypes().items()))
         print(f"Triton ready: http {server.http_url}  grpc {server.grpc_url}  "
-              f"metrics {server.config.host}:{server.config.metrics_port}", flush=True)
+              f"metrics {server.config.host}:{server.config.metrics_port}"
+              + (f"  engines: {dtypes}" if dtypes else ""), flush=True)
         if openai_port:
             from .openai_front import start_front
 
