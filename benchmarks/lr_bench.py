@@ -7,6 +7,11 @@ standard error), tokens/s, measured speedup vs ``ar``, step acceptance, the anal
 model (lookahead_reasoning.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
 and the same estimate with the independence form of E[steps] (the paper's) for comparison.
 
+Measurement (lookahead_reasoning.evaluation.run_interleaved): one untimed warm-up request per run on a spare
+problem (problem ``--problems + 1``), then all runs interleaved per problem in a rotated order (problem ``i``
+starts at run ``i mod len(runs)``); speedups carry a 95% paired bootstrap interval over problems, and the JSON
+a ``measurement`` block with the 1-minute load average at start and end (a warning above 0.5 per core).
+
 Usage: python benchmarks/lr_bench.py [--problems 200] [--profile demo] [--verifiers exact,...] [--out FILE]
 """
 
@@ -22,10 +27,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lookahead_reasoning.answers import load_items
 from lookahead_reasoning.backends.base import SpecDecodeConfig
 from lookahead_reasoning.calibration import calibrate_reasoner
-from lookahead_reasoning.evaluation import run_mode, uses_chat_template
+from lookahead_reasoning.evaluation import (
+    BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE, WARMUP_REQUESTS, format_speedup,
+    load_average, load_with_spare, measurement_block, run_interleaved, uses_chat_template,
+)
 from lookahead_reasoning.lookahead import with_overrides
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 
@@ -47,8 +54,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/out/lr_bench.json")
     args = ap.parse_args(argv)
 
+    load_start = load_average()  # before this process loads the CPU
     profile = load_profile(args.profile, args.config)
-    items = load_items(args.dataset, args.problems)
+    items, spare = load_with_spare(args.dataset, args.problems)
     reasoner = build_reasoner(profile)
     base = with_overrides(profile.options, gamma=args.gamma)
     judge = base.judge.name
@@ -73,36 +81,47 @@ def main(argv=None) -> int:
     cost = calibrate_reasoner(reasoner, *items[0].request(uses_chat_template(reasoner)),
                               ns=tuple(range(2, max(gammas + [base.gamma]) + 2)))
     reasoner.cost_model = cost
-    rows = {}
     try:
         with tqdm(total=len(items) * len(runs), desc="lr_bench", unit="req", file=sys.stderr) as bar:
-            for name, update in runs:
-                rows[name] = run_mode(reasoner, items, base.model_copy(update=update), progress=bar.update)
+            rows = run_interleaved(reasoner, items, {name: base.model_copy(update=update) for name, update in runs},
+                                   progress=bar.update, warmup=WARMUP_REQUESTS, warmup_item=spare)
     finally:
         close_reasoner(reasoner)
-    ar = rows["ar"]
+    ar = rows.get("ar")
     table = []
     for name, r in rows.items():
-        speedup = r.tokens_per_s / ar.tokens_per_s if ar.tokens_per_s else None
+        speedup = r.speedup_vs(ar)
         est = r.estimate(ar)
         table.append({
             "run": name, "accuracy": r.accuracy, "accuracy_stderr": r.accuracy_stderr, "tokens_per_s": r.tokens_per_s,
-            "speedup_vs_ar": speedup, "acceptance_rate": r.acceptance_rate, "acceptance_by_depth": r.acceptance_by_depth,
+            "speedup_vs_ar": speedup, "speedup_vs_ar_ci95": r.speedup_ci(ar),
+            "acceptance_rate": r.acceptance_rate, "acceptance_by_depth": r.acceptance_by_depth,
             "speedup_estimate": est, "measured_over_estimate": (speedup / est) if (speedup and est) else None,
             "speedup_estimate_iid": r.estimate(ar, iid=True),
             "bound_free_draft_and_judge": r.estimate(ar, free_draft_and_judge=True),
             "gamma": r.totals.gamma_sum / r.totals.cycles if r.totals.cycles else None,
             "steps_per_cycle": r.totals.steps_per_cycle,
             "tokens": r.tokens, "seconds": r.seconds, "judge_fallbacks": r.totals.fallbacks,
-            "cycle": cycle_profile(r.totals, ar.totals, cost),
+            "cycle": cycle_profile(r.totals, ar.totals, cost) if ar is not None else None,
+            "per_item": {"index": [i for i, _, _ in r.per_item], "generated_tokens": [t for _, t, _ in r.per_item],
+                         "seconds": [s for _, _, s in r.per_item]},
         })
+    measurement = measurement_block(
+        load_start, warmup_requests_per_mode=WARMUP_REQUESTS,
+        warmup_item=f"{spare.id} (not measured)" if spare else f"{items[0].id} (the first measured problem, once more "
+                                                                  "untimed)",
+        order=INTERLEAVED_ORDER, prefix_cache=PREFIX_CACHE_NOTE, bootstrap_resamples=BOOTSTRAP_RESAMPLES,
+        bootstrap_seed=BOOTSTRAP_SEED,
+        interval="speedup_vs_ar_ci95: 2.5th-97.5th percentiles of the paired bootstrap over problems")
     doc = {"date": date.today().isoformat(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
            "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])), "profile": profile.name,
            "problems": len(items), "gamma": base.gamma, "judge": judge, "cost_model": cost.to_dict(), "wall_seconds": time.time() - t0,
-           "runs": table}
+           "measurement": measurement, "runs": table}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(markdown(doc))
+    if measurement.get("warning"):
+        print(f"warning: {measurement['warning']}", file=sys.stderr)
     return 0
 
 
@@ -128,15 +147,28 @@ def cycle_profile(r, ar, cost) -> dict | None:
 
 
 def markdown(doc: dict) -> str:
+    """The report's markdown: setup and measurement lines (the load warning in bold), then the tables; speedups
+    read ``"1.23 [1.10, 1.35]"`` (point estimate [95% paired bootstrap interval over problems])."""
     f = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
     cm = doc["cost_model"]
+    meas = doc.get("measurement") or {}
     lines = [f"{doc['problems']} held-out problems, profile {doc['profile']}, gamma {doc['gamma']}; calibrated "
-             f"c = {f(cm['c'], 3)}, b = {cm['b']}, v = {cm.get('v')}, target step {f(cm['target_step_ms'])} ms", "",
+             f"c = {f(cm['c'], 3)}, b = {cm['b']}, v = {cm.get('v')}, target step {f(cm['target_step_ms'])} ms", ""]
+    if meas:
+        if meas.get("warning"):
+            lines += [f"**Warning: {meas['warning']}**", ""]
+        lines += [f"Measured with {meas.get('warmup_requests_per_mode')} untimed warm-up request(s) per run, runs "
+                  f"{meas.get('order')}, prefix cache {meas.get('prefix_cache')}; speedup intervals: 95% paired "
+                  f"bootstrap over problems ({meas.get('bootstrap_resamples')} resamples); 1-minute load average "
+                  f"{f(meas.get('load_avg_1min_start'))} at start, {f(meas.get('load_avg_1min_end'))} at end "
+                  f"(includes this run), {meas.get('cpu_count')} cores.", ""]
+    lines += [
              "| run | accuracy | tok/s | speedup vs ar | acceptance | estimate | measured/estimate | i.i.d. estimate | "
              "bound (free draft and judge) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         acc = f"{100 * r['accuracy']:.1f}% ± {100 * r['accuracy_stderr']:.1f}" if r["accuracy"] is not None else "n/a"
-        lines.append(f"| {r['run']} | {acc} | {f(r['tokens_per_s'], 1)} | {f(r['speedup_vs_ar'])} | "
+        lines.append(f"| {r['run']} | {acc} | {f(r['tokens_per_s'], 1)} | "
+                     f"{format_speedup(r['speedup_vs_ar'], r.get('speedup_vs_ar_ci95'))} | "
                      f"{f(r['acceptance_rate'])} | {f(r['speedup_estimate'])} | {f(r['measured_over_estimate'])} | "
                      f"{f(r['speedup_estimate_iid'])} | {f(r['bound_free_draft_and_judge'])} |")
     name = f"lr+sd sync [{doc['judge']}]"
@@ -147,7 +179,8 @@ def markdown(doc: dict) -> str:
                   "| gamma | accuracy | speedup vs ar | acceptance | steps/cycle | estimate | measured/estimate | "
                   "bound (free draft and judge) |", "|---|---|---|---|---|---|---|---|"]
         for r in sweep:
-            lines.append(f"| {f(r['gamma'], 0)} | {100 * r['accuracy']:.1f}% | {f(r['speedup_vs_ar'])} | "
+            lines.append(f"| {f(r['gamma'], 0)} | {100 * r['accuracy']:.1f}% | "
+                         f"{format_speedup(r['speedup_vs_ar'], r.get('speedup_vs_ar_ci95'))} | "
                          f"{f(r['acceptance_rate'])} | {f(r['steps_per_cycle'])} | {f(r['speedup_estimate'])} | "
                          f"{f(r['measured_over_estimate'])} | {f(r['bound_free_draft_and_judge'])} |")
     lines += ["", "Per cycle, in units of T = one `ar` step (measured; async runs overlap draft and target time;",

@@ -18,6 +18,11 @@ Definitions (vLLM ``benchmarks/benchmark_serving.py``, ``calculate_metrics``; ge
 Load: ``concurrency`` = that many workers pulling requests from a queue (closed loop); ``request_rate`` =
 Poisson arrivals (open loop, unbounded in flight): exponential gaps with mean ``1 / rate`` from a seeded
 ``numpy.random.Generator``, the first request at t = 0 (vLLM's ``get_request`` with burstiness 1).
+
+Measurement (:func:`run_bench`): ``--warmup`` untimed requests per mode first (on a spare item: the one after
+the ``--requests`` items loaded), then at each load point all modes, in an order rotated per load point, so
+no mode always runs first (on a cold server) or last; the 1-minute load average at start and end goes in the
+document's ``measurement``, with a warning when it starts above 0.5 per core.
 """
 
 from __future__ import annotations
@@ -256,29 +261,65 @@ class BenchConfig:
     request_rates: list[float] | None = None
     slo_ms: dict[str, float] = field(default_factory=dict)
     seed: int = 0
+    warmup: int = 1
 
     def loads(self) -> list[tuple[str, float]]:
         if self.concurrencies:
             return [("concurrency", c) for c in self.concurrencies]
         return [("request_rate", r) for r in self.request_rates or []]
 
+    def mode_order(self, level: int) -> list[str]:
+        """The modes in the order load point number ``level`` (0-based) runs them: rotated by ``level``, so
+        each mode goes first at every ``len(modes)``-th load point."""
+        k = level % len(self.modes) if self.modes else 0
+        return self.modes[k:] + self.modes[:k]
 
-async def run_bench(send: SendFn, items: Sequence[EvalItem], config: BenchConfig, progress: bool = True) -> dict:
-    """Every mode at every load point; returns ``{"runs": [...], "slo_ms": ...}`` (the ``--out`` document).
-    Each run also carries ``speedup_vs_ar``: its output tokens/s over ``ar``'s at the same load."""
+
+ROTATED_ORDER = "modes rotated per load point (load point j starts at mode j mod len(modes))"
+
+
+async def run_bench(send: SendFn, items: Sequence[EvalItem], config: BenchConfig, progress: bool = True,
+                    warmup_item: EvalItem | None = None) -> dict:
+    """Every mode at every load point; returns ``{"runs": [...], "slo_ms": ..., "measurement": ...}`` (the
+    ``--out`` document).
+
+    First ``config.warmup`` untimed requests per mode, one at a time, on ``warmup_item`` (default: the first
+    item); they are in no run's metrics. Then at load point ``j`` the modes run in
+    :meth:`BenchConfig.mode_order` ``(j)``; ``runs`` stays in (load point, ``config.modes``) order, each run
+    carrying ``order_position`` (0 = ran first at its load point) and ``speedup_vs_ar``: its output tokens/s
+    over ``ar``'s at the same load. ``measurement`` (``evaluation.measurement_block``) records the warm-up,
+    the order and the 1-minute load average at start and end (with a ``warning`` above 0.5 per core).
+
+    Raises:
+        ValueError: as :func:`run_load` (no items, not exactly one of concurrency / request rate).
+    """
+    from .evaluation import load_average, measurement_block
+
+    load_start = load_average()
+    spare = warmup_item if warmup_item is not None else (items[0] if items else None)
+    warm_failed = 0
+    if spare is not None:
+        for _ in range(config.warmup):
+            for mode in config.modes:
+                warm_failed += not (await _one(send, spare, mode, time.perf_counter)).ok
     runs = []
-    for key, load in config.loads():
-        for mode in config.modes:
-            kw = {"concurrency": int(load)} if key == "concurrency" else {"request_rate": float(load)}
+    for level, (key, load) in enumerate(config.loads()):
+        kw = {"concurrency": int(load)} if key == "concurrency" else {"request_rate": float(load)}
+        done = {}
+        for pos, mode in enumerate(config.mode_order(level)):
             tls = await run_load(send, items, mode, config.requests, seed=config.seed, progress=progress, **kw)
-            runs.append({"mode": mode, key: kw[key], **summarize(tls, config.slo_ms)})
+            done[mode] = {"mode": mode, key: kw[key], "order_position": pos, **summarize(tls, config.slo_ms)}
+        runs += [done[mode] for mode in config.modes]
     for run in runs:
         key = "concurrency" if "concurrency" in run else "request_rate"
         ar = next((r for r in runs if r["mode"] == "ar" and r[key] == run[key]), None)
         run["speedup_vs_ar"] = (run["output_tokens_per_s"] / ar["output_tokens_per_s"]
                                 if ar and ar["output_tokens_per_s"] else None)
+    measurement = measurement_block(load_start, warmup_requests_per_mode=config.warmup,
+                                    warmup_item=None if spare is None else spare.id, warmup_failed=warm_failed,
+                                    order=ROTATED_ORDER)
     return {"runs": runs, "slo_ms": config.slo_ms or None, "requests_per_run": config.requests,
-            "percentiles": "numpy.percentile, linear interpolation"}
+            "percentiles": "numpy.percentile, linear interpolation", "measurement": measurement}
 
 
 # -- the command ---------------------------------------------------------------------------------------------
@@ -296,6 +337,7 @@ def register(subparsers) -> None:
     b.add_argument("--slo", default=None, help="ttft_ms=X,tpot_ms=Y,e2e_ms=Z (goodput counts requests meeting all)")
     b.add_argument("--max-tokens", type=int, default=None, help="new-token budget per request")
     b.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
+    b.add_argument("--warmup", type=int, default=1, help="untimed warm-up requests per mode before timing")
     b.add_argument("--out", required=True, help="JSON report")
     b.add_argument("--plots", default=None, help="PNG folder (default: next to --out)")
     b.add_argument("--summary", default=None, help="markdown summary (default: --out with .md)")
@@ -315,9 +357,12 @@ def config_from_args(args) -> BenchConfig:
         raise ValueError("--requests: must be > 0")
     if args.max_tokens is not None and args.max_tokens <= 0:
         raise ValueError("--max-tokens: must be > 0")
+    warmup = getattr(args, "warmup", 1)
+    if warmup < 0:
+        raise ValueError("--warmup: must be >= 0")
     conc = parse_list(args.concurrency, int, "--concurrency") if args.concurrency else None
     rates = parse_list(args.request_rate, float, "--request-rate") if args.request_rate else None
-    return BenchConfig(modes, args.requests, conc, rates, parse_slo(args.slo), args.seed)
+    return BenchConfig(modes, args.requests, conc, rates, parse_slo(args.slo), args.seed, warmup)
 
 
 def client_send(client, **params) -> SendFn:
@@ -333,13 +378,15 @@ def client_send(client, **params) -> SendFn:
     return send
 
 
-async def _bench_with_client(args, config: BenchConfig, items: list[EvalItem]) -> dict:
+async def _bench_with_client(args, config: BenchConfig, items: list[EvalItem],
+                             warmup_item: EvalItem | None = None) -> dict:
     from lookahead_reasoning.serving.client import TritonLRClient
 
     client = TritonLRClient(args.url, args.protocol)
     profile = await client.server_profile()
     params = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-    doc = await run_bench(client_send(client, **params), items, config, progress=not args.no_progress)
+    doc = await run_bench(client_send(client, **params), items, config, progress=not args.no_progress,
+                          warmup_item=warmup_item)
     return {"server_profile": profile, **doc}
 
 
@@ -347,13 +394,12 @@ def cmd_bench(args) -> int:
     """The ``bench`` handler: validate, run against the server, write JSON, plots and the summary."""
     from pathlib import Path
 
-    from .answers import load_items
     from .bench_report import environment, plot_bench, write_summary
-    from .evaluation import write_json
+    from .evaluation import load_with_spare, write_json
 
     config = config_from_args(args)
-    items = load_items(args.dataset, config.requests)
-    doc = asyncio.run(_bench_with_client(args, config, items))
+    items, spare = load_with_spare(args.dataset, config.requests)  # the spare item (if any) is the warm-up's
+    doc = asyncio.run(_bench_with_client(args, config, items, spare))
     doc.update({"dataset": args.dataset, **environment()})
     write_json(args.out, doc)
     out = Path(args.out)
@@ -361,4 +407,6 @@ def cmd_bench(args) -> int:
     summary = Path(args.summary) if args.summary else out.with_suffix(".md")
     write_summary(doc, summary, plots)
     print(summary.read_text(), file=sys.stderr)
+    if doc["measurement"].get("warning"):
+        print(f"warning: {doc['measurement']['warning']}", file=sys.stderr)
     return 0

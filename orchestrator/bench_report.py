@@ -34,6 +34,26 @@ def environment() -> dict:
             "command": "lookahead-reasoning " + " ".join(sys.argv[1:]) if sys.argv else ""}
 
 
+def measurement_lines(meas: dict | None) -> list[str]:
+    """Markdown bullet lines describing a ``measurement`` block (warm-up, order, prefix cache, bootstrap,
+    load; see ``evaluation.measurement_block``), its warning first when it has one; [] for None."""
+    if not meas:
+        return []
+    f = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+    lines = [f"- **warning: {meas['warning']}**"] if meas.get("warning") else []
+    how = [f"{meas['warmup_requests_per_mode']} untimed warm-up request(s) per mode"
+           if "warmup_requests_per_mode" in meas else None,
+           f"order: {meas['order']}" if meas.get("order") else None,
+           f"prefix cache {meas['prefix_cache']}" if meas.get("prefix_cache") else None,
+           f"speedup intervals: 95% paired bootstrap over items, {meas['bootstrap_resamples']} resamples"
+           if meas.get("bootstrap_resamples") else None]
+    if any(how):
+        lines.append("- measurement: " + "; ".join(h for h in how if h))
+    lines.append(f"- 1-minute load average: {f(meas.get('load_avg_1min_start'))} at start, "
+                 f"{f(meas.get('load_avg_1min_end'))} at end (includes this run), {meas.get('cpu_count')} cores")
+    return lines
+
+
 def _load_key(run: dict) -> str:
     return "concurrency" if "concurrency" in run else "request_rate"
 
@@ -127,7 +147,8 @@ def summary_table(doc: dict) -> str:
 
 
 def write_summary(doc: dict, path: str | Path, plots: list[Path] | None = None) -> Path:
-    """Markdown: date, machine, command, dataset, SLOs, server profile, the table, the plots."""
+    """Markdown: date, machine, command, dataset, SLOs, how it was measured (``doc["measurement"]``: warm-up,
+    order, load averages, a load warning), server profile, the table, the plots."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     m = doc.get("machine", {})
@@ -139,6 +160,7 @@ def write_summary(doc: dict, path: str | Path, plots: list[Path] | None = None) 
         f"- command: `{doc.get('command', '')}`",
         f"- dataset: {doc.get('dataset', 'n/a')}; {doc.get('requests_per_run', '?')} requests per mode and load",
         f"- SLO: {', '.join(f'{k} <= {v:g}' for k, v in slo.items()) if slo else 'none (goodput n/a)'}",
+        *measurement_lines(doc.get("measurement")),
         "- percentiles: numpy.percentile (linear interpolation); ITL is per streamed chunk (LR streams whole steps);"
         " TPOT = (E2E - TTFT) / (output tokens - 1); definitions as vLLM benchmark_serving",
         "", summary_table(doc), "",

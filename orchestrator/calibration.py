@@ -1,4 +1,4 @@
-"""Measure the speed model's cost ratios on the real engines (DESIGN.md section 1).
+"""Measure the speed model's cost ratios on the real engines (docs/design.md section 2).
 
 ``c`` is the draft's time per decoding step over the target's, ``b(n)`` the target's time per decoding step
 with ``n`` sequences sharing a prefix (of lengths growing by 8 tokens, like a cycle's branches) over one
@@ -19,10 +19,15 @@ Rows and widths do not multiply: ``n`` branch rows each verifying n-gram proposa
 proposer matches), and the wall time per forward of the longest row at its mean padded width ``w`` gives
 ``cost(n, w)`` directly (``CostModel.row_width``); :meth:`CostModel.call_forward_cost` applies it as a
 correction of ``b(n) * v(w)``.
+
+Noise (see :func:`calibrate`): the measurements are interleaved across ``repeats`` rounds (each round times
+one step of the target and the draft and then every ``n``), each ratio is taken within a round, and the
+median over rounds is kept; the 1-minute load average at start and end is recorded in the model.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from contextlib import contextmanager
@@ -34,7 +39,9 @@ from .backends.base import Engine, GenerationRequest, SpecDecodeConfig
 @dataclass
 class CostModel:
     """Measured costs: seconds per decoding step at batch 1, ``b(n)`` ratios and the SD forward costs ``v(w)``
-    of the target (``width``) and the draft (``draft_width``); ratios are dimensionless."""
+    of the target (``width``) and the draft (``draft_width``); ratios are dimensionless. ``load_avg_start`` /
+    ``load_avg_end``: the 1-minute load average when :func:`calibrate` started and ended; ``repeats``: its
+    rounds (all three None when not measured by it)."""
 
     target_step_seconds: float
     draft_step_seconds: float | None
@@ -42,6 +49,9 @@ class CostModel:
     width: dict[int, float] = field(default_factory=dict)
     draft_width: dict[int, float] = field(default_factory=dict)
     row_width: dict[int, dict[float, float]] = field(default_factory=dict)
+    load_avg_start: float | None = None  # 1-minute load average when calibration started / ended (None: unknown)
+    load_avg_end: float | None = None
+    repeats: int | None = None  # measurement rounds the ratios are medians over
 
     @property
     def c(self) -> float | None:
@@ -82,7 +92,9 @@ class CostModel:
                 "draft_step_ms": None if self.draft_step_seconds is None else 1e3 * self.draft_step_seconds,
                 "c": self.c, "b": ratios(self.b), "v": ratios(self.width), "draft_v": ratios(self.draft_width),
                 "row_width": {str(n): {f"{w:.2f}": x for w, x in sorted(p.items())}
-                              for n, p in sorted(self.row_width.items())}}
+                              for n, p in sorted(self.row_width.items())},
+                "repeats": self.repeats, "load_avg_1min_start": self.load_avg_start,
+                "load_avg_1min_end": self.load_avg_end}
 
 
 def _interpolate(points: dict, x: float, start: tuple[float, float] = (1, 1.0)) -> float:
@@ -182,8 +194,16 @@ def _width_costs(engine: Engine, prompt: list[int], ks=(1, 3, 6), prefills=(8, 1
     return {w: statistics.median(v) / base for w, v in sorted(by_width.items()) if w > 1 and len(v) >= 3}
 
 
+def _load_average() -> float | None:
+    """``os.getloadavg()[0]``, None where the OS has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return None
+
+
 def calibrate(target: Engine, draft: Engine | None, ns=(2, 3, 4, 5, 6, 8), prompt_tokens: int = 200,
-              new_tokens: int = 16, repeats: int = 3, text: str = "Step 1: 12 + 30 = 42 apples.\n\n",
+              new_tokens: int = 16, repeats: int = 5, text: str = "Step 1: 12 + 30 = 42 apples.\n\n",
               prompt_ids: list[int] | None = None, draft_prompt_ids: list[int] | None = None,
               sd_ks: tuple[int, ...] = (3, 6)) -> CostModel:
     """Measure :class:`CostModel` (a few seconds on the demo models on CPU).
@@ -192,7 +212,32 @@ def calibrate(target: Engine, draft: Engine | None, ns=(2, 3, 4, 5, 6, 8), promp
     the target and the draft. A step's time is the call's wall time over the tokens it made, so a prompt that
     the model ends after a few tokens (EOS) spreads the per-call overhead over too few: a real prompt avoids
     that. Without one, ``text`` repeated to ``prompt_tokens`` tokens is used.
+
+    Robustness under load: ``repeats`` rounds, each measuring the target's single-sequence step ``t1``, the
+    draft's ``d1`` and then every ``n`` once (interleaved: a burst of load from another process hits one round
+    of every quantity, not all repeats of one ``n``). Each ratio (``b(n) = t(n) / t1``, ``d1 / t1``, the
+    ``row_width`` costs) is taken within its round, where numerator and denominator are seconds apart under
+    the same load, and the median over rounds is kept (``target_step_seconds``: the median ``t1``;
+    ``draft_step_seconds``: that times the median ``d1 / t1``). Best-of-repeats (the minimum) would estimate an
+    idle machine's costs from the luckiest samples, and a ratio of two minima taken at different times mixes
+    load states; the median keeps the typical cost under the load the timed runs see and ignores spikes on
+    either side. ``v(w)`` was already a median of per-forward timings. The 1-minute load average at start and
+    end is stored in the model (``load_avg_start``/``load_avg_end``).
+
+    Args:
+        target, draft: engines (``draft`` None: no ``c``, no draft ``v``).
+        ns: branch counts ``n`` of ``b(n)``; ``repeats``: rounds (>= 1); ``new_tokens``: tokens per timed call.
+        sd_ks: n-gram proposal counts for the joint rows x widths costs.
+
+    Returns:
+        :class:`CostModel` (seconds and dimensionless ratios).
+
+    Raises:
+        ValueError: ``repeats < 1``.
     """
+    if repeats < 1:
+        raise ValueError(f"calibrate: repeats must be >= 1, got {repeats}")
+    load_start = _load_average()
 
     def prompt_for(engine: Engine, given: list[int] | None) -> list[int]:
         if given:
@@ -203,25 +248,40 @@ def calibrate(target: Engine, draft: Engine | None, ns=(2, 3, 4, 5, 6, 8), promp
         return ids[:prompt_tokens]
 
     p = prompt_for(target, prompt_ids)
+    pd = prompt_for(draft, draft_prompt_ids) if draft is not None else None
     _step_seconds(target, [p], 4, 1)  # warm the prefix cache and the allocator
-    t1 = _step_seconds(target, [p], new_tokens, repeats)
-    b, row_width = {}, {}
-    for n in ns:
-        branches = _branches(p, n)
-        b[n] = _branch_call(target, p, branches, new_tokens, repeats)[0] / t1
-        for k in sd_ks:
-            spec = SpecDecodeConfig(method="ngram", num_speculative_tokens=k)
-            _, seconds, width = _branch_call(target, p, branches, new_tokens, repeats, spec)
-            if width > 1.0:
-                row_width.setdefault(n, {})[round(width, 2)] = seconds / t1
+    if draft is not None:
+        _step_seconds(draft, [pd], 4, 1)
+    branches = {n: _branches(p, n) for n in ns}
+    specs = {k: SpecDecodeConfig(method="ngram", num_speculative_tokens=k) for k in sd_ks}
+    t1s, c_ratios = [], []
+    b_ratios: dict[int, list[float]] = {n: [] for n in ns}
+    rw: dict[tuple[int, int], list[tuple[float, float]]] = {(n, k): [] for n in ns for k in sd_ks}
+    for _ in range(repeats):  # one round: every quantity once, ratios within the round
+        t1 = _step_seconds(target, [p], new_tokens, 1)
+        t1s.append(t1)
+        if draft is not None:
+            c_ratios.append(_step_seconds(draft, [pd], new_tokens, 1) / t1)
+        for n in ns:
+            b_ratios[n].append(_branch_call(target, p, branches[n], new_tokens, 1)[0] / t1)
+            for k in sd_ks:
+                _, seconds, width = _branch_call(target, p, branches[n], new_tokens, 1, specs[k])
+                rw[(n, k)].append((seconds / t1, width))
+    t1 = statistics.median(t1s)
+    b = {n: statistics.median(v) for n, v in b_ratios.items()}
+    row_width: dict[int, dict[float, float]] = {}
+    for (n, _k), vals in rw.items():
+        mean_width = statistics.median(w for _, w in vals)
+        if mean_width > 1.0:
+            row_width.setdefault(n, {})[round(mean_width, 2)] = statistics.median(x for x, _ in vals)
     _step_seconds(target, [p], 1, 1)  # leave the prompt cached
     d1, dw = None, {}
     if draft is not None:
-        pd = prompt_for(draft, draft_prompt_ids)
-        _step_seconds(draft, [pd], 4, 1)
-        d1 = _step_seconds(draft, [pd], new_tokens, repeats)
+        d1 = statistics.median(c_ratios) * t1
         dw = _width_costs(draft, pd)
-    return CostModel(t1, d1, b, _width_costs(target, p), dw, row_width)
+    width = _width_costs(target, p)
+    return CostModel(t1, d1, b, width, dw, row_width, load_avg_start=load_start, load_avg_end=_load_average(),
+                     repeats=repeats)
 
 
 def calibrate_reasoner(reasoner, prompt: str | None = None, messages=None, ns=(2, 3, 4, 5, 6, 8)) -> CostModel:

@@ -45,29 +45,40 @@ def parse_gammas(text: str | None) -> list[int]:
 def _table(doc: dict):
     from rich.table import Table
 
+    from .evaluation import format_speedup
+
     fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
     table = Table(title=f"{doc['dataset']}: {doc['n']} items")
-    for col in ("mode", "accuracy", "tok/s", "speedup vs ar", "acceptance", "estimate"):
+    for col in ("mode", "accuracy", "tok/s", "speedup vs ar [95% CI]", "acceptance", "estimate"):
         table.add_column(col)
     for mode, row in doc["modes"].items():
         acc = "n/a" if row["accuracy"] is None else f"{row['accuracy']:.3f} ± {row['accuracy_stderr']:.3f}"
-        table.add_row(mode, acc, f"{row['tokens_per_s']:.1f}", fmt(row["speedup_vs_ar"]),
+        table.add_row(mode, acc, f"{row['tokens_per_s']:.1f}",
+                      format_speedup(row["speedup_vs_ar"], row.get("speedup_vs_ar_ci95")),
                       fmt(row["acceptance_rate"]), fmt(row["speedup_estimate"]))
     for mode, rows in (doc.get("gamma_sweep") or {}).items():
-        table.add_row(f"{mode} sweep", "", "", "  ".join(f"γ{r['gamma']}:{fmt(r['speedup_vs_ar'])}" for r in rows),
+        table.add_row(f"{mode} sweep", "", "",
+                      "  ".join(f"γ{r['gamma']}:{format_speedup(r['speedup_vs_ar'], r.get('speedup_vs_ar_ci95'))}"
+                                for r in rows),
                       "  ".join(f"γ{r['gamma']}:{fmt(r['acceptance_rate'])}" for r in rows), "")
     return table
 
 
 def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> str:
-    """Markdown headline tables (per dataset: one row per mode, then the gamma sweep) with date, machine and
-    command, for ``benchmarks/RESULTS.md``."""
+    """Markdown headline tables (per dataset: one row per mode, then the gamma sweep) with date, machine,
+    command and how speed was measured (``common["measurement"]``, with its load warning), for
+    ``benchmarks/RESULTS.md``. Speedups read ``"1.23 [1.10, 1.35]"``: the point estimate and its 95% interval."""
+    from .bench_report import measurement_lines
+    from .evaluation import format_speedup
+
     f = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
     m = common.get("machine", {})
     lines = ["# Accuracy and speed", "", f"- date: {common.get('date')}",
              f"- machine: {m.get('cpu')} x{m.get('cpus')}; GPUs: {', '.join(m.get('gpus') or []) or 'none'}",
              f"- command: `{common.get('command')}`",
-             "- tok/s = generated tokens / seconds, one request at a time; speedup = tok/s over ar's; acceptance = "
+             *measurement_lines(common.get("measurement")),
+             "- tok/s = generated tokens / seconds, one request at a time; speedup = tok/s over ar's [95% paired "
+             "bootstrap interval over items]; acceptance = "
              "accepted / verified drafted steps; estimate = the speed model's predicted speedup vs ar (equation (1) "
              "of lookahead_reasoning.metrics for the mode over the same for ar, with the run's counts)", ""]
     for doc in docs:
@@ -75,12 +86,14 @@ def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> 
                   "| mode | accuracy | tok/s | speedup vs ar | acceptance | estimate |", "|---|---|---|---|---|---|"]
         for mode, r in doc["modes"].items():
             acc = "n/a" if r["accuracy"] is None else f"{r['accuracy']:.3f} ± {r['accuracy_stderr']:.3f}"
-            lines.append(f"| {mode} | {acc} | {f(r['tokens_per_s'], 1)} | {f(r['speedup_vs_ar'])} "
+            lines.append(f"| {mode} | {acc} | {f(r['tokens_per_s'], 1)} "
+                         f"| {format_speedup(r['speedup_vs_ar'], r.get('speedup_vs_ar_ci95'))} "
                          f"| {f(r['acceptance_rate'])} | {f(r['speedup_estimate'])} |")
         for mode, rows in (doc.get("gamma_sweep") or {}).items():
             lines += ["", f"{mode}, gamma sweep:", "", "| gamma | speedup vs ar | acceptance | accuracy | estimate |",
                       "|---|---|---|---|---|"]
-            lines += [f"| {r['gamma']} | {f(r['speedup_vs_ar'])} | {f(r['acceptance_rate'])} | {f(r['accuracy'], 3)} "
+            lines += [f"| {r['gamma']} | {format_speedup(r['speedup_vs_ar'], r.get('speedup_vs_ar_ci95'))} "
+                      f"| {f(r['acceptance_rate'])} | {f(r['accuracy'], 3)} "
                       f"| {f(r['speedup_estimate'])} |" for r in rows]
         lines.append("")
     lines += [f"![{Path(p).stem}]({p})" for p in plots or []]
@@ -88,17 +101,27 @@ def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> 
 
 
 def cmd_eval(args) -> int:
-    """Validate everything, start the engines once, evaluate each dataset, write JSON and plots."""
+    """Validate everything, start the engines once, evaluate each dataset, write JSON and plots.
+
+    Speed is measured as :mod:`.evaluation` describes: per dataset one untimed warm-up request per run on a
+    spare item (item ``limit + 1``; the first item when there is none), then the modes (and, with a
+    ``--gamma`` sweep, the speculative modes at each other gamma, and ``ar``) interleaved per item in a rotated
+    order. The JSON gets a ``measurement`` block (see :func:`.evaluation.measurement_block`); a high load at
+    the start is also printed to stderr and put in the markdown."""
     from rich.console import Console
     from tqdm import tqdm
 
-    from .answers import load_items
     from .bench_report import environment
     from .calibration import calibrate_reasoner
     from .cli import _prepare
-    from .evaluation import plot_eval, report_json, run_eval, run_gamma_sweep, run_mode, uses_chat_template, write_json
+    from .evaluation import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE,
+                             WARMUP_REQUESTS, gamma_row,
+                             load_average, load_with_spare, measurement_block, plot_eval, report_json, run_interleaved,
+                             sweep_options, uses_chat_template, write_json)
     from .lookahead import MODES
     from .profiles import close_reasoner, load_profile
+
+    load_start = load_average()  # before this process loads the CPU: the 1-minute average counts it too
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -114,10 +137,16 @@ def cmd_eval(args) -> int:
     datasets = [d.strip() for d in args.dataset.split(",") if d.strip()]
     if not datasets:
         raise ValueError("--dataset: no dataset given")
-    items = {d: load_items(d, args.limit) for d in datasets}
+    loaded = {d: load_with_spare(d, args.limit) for d in datasets}
+    items = {d: its for d, (its, _) in loaded.items()}
     spec_modes = [m for m in modes if m in ("lr", "lr+sd")]
     ns = argparse.Namespace(**{**vars(args), "gamma": None if sweep or not gammas else gammas[0]})
     reasoner, base = _prepare(ns, modes)
+    runs = {mode: base.model_copy(update={"mode": mode}) for mode in modes}
+    if sweep:  # the other gammas (and ar, the sweep's baseline) interleaved with the modes, item by item
+        runs.setdefault("ar", base.model_copy(update={"mode": "ar"}))
+        runs.update({f"{m} gamma={g}": sweep_options(base, m, g)
+                     for m in spec_modes for g in gammas if g != base.gamma})
     docs = []
     try:
         cost = None
@@ -126,26 +155,34 @@ def cmd_eval(args) -> int:
             cost = calibrate_reasoner(reasoner, *first.request(uses_chat_template(reasoner)),
                                       ns=tuple(range(2, max(gammas + [base.gamma]) + 2)))
             reasoner.cost_model = cost
-        extra_runs = len(spec_modes) * sum(g != base.gamma for g in gammas) + ("ar" not in modes) if sweep else 0
-        per_item = len(modes) + extra_runs
-        total = sum(len(v) for v in items.values()) * per_item
+        total = sum(len(v) for v in items.values()) * len(runs)
         with tqdm(total=total, desc="eval", unit="req", file=sys.stderr) as bar:
-            for name, its in items.items():
-                reports = run_eval(reasoner, its, modes, base, progress=bar.update, keep_outputs=args.keep_outputs)
+            for name, (its, spare) in loaded.items():
+                reports = run_interleaved(reasoner, its, runs, progress=bar.update, keep_outputs=args.keep_outputs,
+                                          warmup=WARMUP_REQUESTS, warmup_item=spare)
                 extra = {}
                 if sweep:
-                    ar = reports.get("ar") or run_mode(reasoner, its, base.model_copy(update={"mode": "ar"}), bar.update)
                     extra["gamma_sweep"] = {
-                        m: run_gamma_sweep(reasoner, its, m, gammas, base, baseline=ar, done={base.gamma: reports[m]},
-                                           progress=bar.update)
+                        m: [gamma_row(g, reports[m] if g == base.gamma else reports[f"{m} gamma={g}"], reports["ar"])
+                            for g in gammas]
                         for m in spec_modes}
-                docs.append(report_json(name, reports, extra))
+                docs.append(report_json(name, {m: reports[m] for m in modes}, extra))
     finally:
         close_reasoner(reasoner)
-    common = {"cost_model": cost.to_dict() if cost else None, "options": base.model_dump(mode="json"), **environment()}
+    measurement = measurement_block(
+        load_start, warmup_requests_per_mode=WARMUP_REQUESTS,
+        warmup_items={d: (f"{spare.id} (not measured)" if spare else f"{its[0].id} (the first measured item, once "
+                          "more untimed)") if its else None for d, (its, spare) in loaded.items()},
+        order=INTERLEAVED_ORDER, prefix_cache=PREFIX_CACHE_NOTE,
+        bootstrap_resamples=BOOTSTRAP_RESAMPLES, bootstrap_seed=BOOTSTRAP_SEED,
+        interval="speedup_vs_ar_ci95: 2.5th-97.5th percentiles of the paired bootstrap over items")
+    common = {"cost_model": cost.to_dict() if cost else None, "options": base.model_dump(mode="json"),
+              "measurement": measurement, **environment()}
     console = Console(file=sys.stderr)
     for doc in docs:
         console.print(_table(doc))
+    if measurement.get("warning"):
+        print(f"warning: {measurement['warning']}", file=sys.stderr)
     plots = plot_eval(docs, args.plots) if args.plots else []
     for p in plots:
         console.print(f"plot: {p}")

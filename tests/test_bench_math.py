@@ -180,15 +180,27 @@ def test_runner_records_failures_and_goes_on():
 def test_run_bench_document_plots_and_summary(tmp_path):
     from lookahead_reasoning.bench_report import plot_bench, write_summary
 
+    sent = []
+
     async def send(item, mode):  # lr+sd streams the same 12 tokens in fewer, faster chunks
+        sent.append((item.id, mode))
         fast = mode == "lr+sd"
         async for x in sleepy_send(ttft=0.02, gap=0.005 if fast else 0.01, chunks=2 if fast else 4,
                                    tokens=6 if fast else 3)(item, mode):
             yield x
 
     cfg = BenchConfig(["ar", "lr+sd"], 4, concurrencies=[1, 2], slo_ms={"ttft_ms": 1000, "e2e_ms": 1000})
-    doc = asyncio.run(run_bench(send, ITEMS, cfg, progress=False))
+    spare = EvalItem("spare", "synthetic", "warm-up question")
+    doc = asyncio.run(run_bench(send, ITEMS, cfg, progress=False, warmup_item=spare))
+    # one untimed warm-up per mode on the spare item; then c=1 runs ar first, c=2 runs lr+sd first (rotated)
+    assert sent[:2] == [("spare", "ar"), ("spare", "lr+sd")]
+    assert [m for _, m in sent[2:]] == ["ar"] * 4 + ["lr+sd"] * 4 + ["lr+sd"] * 4 + ["ar"] * 4
+    assert all(i != "spare" for i, _ in sent[2:])
     assert [(r["mode"], r["concurrency"]) for r in doc["runs"]] == [("ar", 1), ("lr+sd", 1), ("ar", 2), ("lr+sd", 2)]
+    assert [r["order_position"] for r in doc["runs"]] == [0, 1, 1, 0]
+    m = doc["measurement"]
+    assert m["warmup_requests_per_mode"] == 1 and m["warmup_item"] == "spare" and m["warmup_failed"] == 0
+    assert "rotated" in m["order"] and {"load_avg_1min_start", "load_avg_1min_end", "cpu_count"} <= set(m)
     for r in doc["runs"]:
         for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
             assert set(r[k]) >= {"p50", "p90", "p99"}
@@ -201,6 +213,9 @@ def test_run_bench_document_plots_and_summary(tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     md = write_summary({**doc, "dataset": "synthetic"}, tmp_path / "bench.md", pngs).read_text()
     assert "| lr+sd | c=2 |" in md and "ttft_ms <= 1000" in md and "plots/latency_cdf.png" in md
+    assert "1-minute load average" in md and "modes rotated per load point" in md
+    busy = write_summary({**doc, "measurement": {**m, "warning": "busy machine"}}, tmp_path / "b2.md").read_text()
+    assert "**warning: busy machine**" in busy
 
 
 def test_bench_subcommand_flags_and_validation():
@@ -210,6 +225,7 @@ def test_bench_subcommand_flags_and_validation():
                               "--requests", "8", "--modes", "ar,lr+sd", "--slo", "ttft_ms=500,tpot_ms=50,e2e_ms=9000",
                               "--out", "x.json"])
     cfg = config_from_args(args)
+    assert cfg.warmup == 1 and cfg.mode_order(1) == ["lr+sd", "ar"] and cfg.mode_order(2) == ["ar", "lr+sd"]
     assert cfg.concurrencies == [1, 4, 16] and cfg.modes == ["ar", "lr+sd"] and cfg.slo_ms["tpot_ms"] == 50.0
     assert [x for x in cfg.loads()] == [("concurrency", 1), ("concurrency", 4), ("concurrency", 16)]
     rate = parser.parse_args(["bench", "--url", "h:1", "--request-rate", "2.5", "--requests", "8", "--out", "x.json"])
