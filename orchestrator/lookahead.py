@@ -1,4 +1,4 @@
-"""The Lookahead Reasoning loop (arXiv 2506.19830; DESIGN.md section 1): modes, sync and async cycles.
+"""The Lookahead Reasoning loop (arXiv 2506.19830; docs/design.md section 1): modes, sync and async cycles.
 
 Modes, through one entry point (:meth:`LookaheadReasoner.stream`):
 
@@ -36,7 +36,8 @@ from typing import AsyncIterator, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .backends.base import Engine, GenerationRequest, SamplingParams, SpecDecodeConfig
+from .backends.base import (Engine, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig,
+                            start_requests)
 from .metrics import RequestMetrics
 from .steps import Step, StepConfig
 from .verifiers import VerifierConfig, Verifier, make_verifier, timed_verify
@@ -44,7 +45,7 @@ from .verifiers import VerifierConfig, Verifier, make_verifier, timed_verify
 Mode = Literal["ar", "sd", "lr", "lr+sd"]
 MODES: tuple[str, ...] = ("ar", "sd", "lr", "lr+sd")
 
-# Reference defaults (DESIGN.md): n-gram SD with 6 speculative tokens and prompt_lookup_max 2.
+# Reference defaults (docs/design.md section 1.9): n-gram SD with 6 speculative tokens and prompt_lookup_max 2.
 DEFAULT_SD = SpecDecodeConfig(method="ngram", num_speculative_tokens=6, prompt_lookup_max=2)
 
 
@@ -350,8 +351,11 @@ class _Run:
             return s
         return s.model_copy(update={"seed": (s.seed * 1_000_003 + salt) % (2**63)})
 
+    def _target_requests(self, prefixes: list[list[int]], budgets: list[int]) -> list[GenerationRequest]:
+        return [self._request(p, b, self.opts.target_sd, self._target_sampling(len(p))) for p, b in zip(prefixes, budgets)]
+
     async def _target_steps(self, prefixes: list[list[int]], budgets: list[int]) -> list[Step]:
-        reqs = [self._request(p, b, self.opts.target_sd, self._target_sampling(len(p))) for p, b in zip(prefixes, budgets)]
+        reqs = self._target_requests(prefixes, budgets)
         t0 = time.perf_counter()
         try:
             results = await asyncio.wait_for(self.o.target.agenerate(reqs), self.opts.target_timeout_s)
@@ -362,9 +366,30 @@ class _Run:
         except Exception as exc:
             raise RuntimeError(f"target model failed: {type(exc).__name__}: {exc}") from exc
         self.m.target_seconds += time.perf_counter() - t0
-        steps = []
+        return self._target_results(results)
+
+    async def _target_result(self, fut: asyncio.Future, deadline: float | None) -> GenerationResult:
+        """One branch's result from a :class:`RequestGroup` (cancelled: an empty ``cancelled`` result);
+        ``deadline``: ``time.perf_counter()`` value past which waiting is a timeout (None: no limit)."""
+        timeout = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.CancelledError:
+            if fut.cancelled():
+                return GenerationResult([], "", "cancelled")
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"target model failed: {type(exc).__name__}: {exc}") from exc
+
+    def _target_results(self, results: list[GenerationResult]) -> list[Step]:
+        self._account_target(results)
+        return [self._step_of(r) for r in results]
+
+    def _account_target(self, results: list[GenerationResult]) -> None:
+        """Count one target call's work (cancelled branches included: their forwards were run)."""
         self.m.target_calls += 1
         self.m.target_branches += len(results)
+        self.m.target_cancelled_branches += sum(r.finish_reason == "cancelled" for r in results)
         self.m.target_call_forwards += max((r.counters.forward_passes for r in results), default=0)
         prefill = _prefill_tokens(results)
         self.m.target_prefill_tokens += prefill
@@ -375,9 +400,10 @@ class _Run:
             self.m.target_forward_positions += r.counters.forward_positions
             self.m.target_drafted_tokens += r.counters.drafted_tokens
             self.m.target_accepted_tokens += r.counters.accepted_tokens
-            draft_ids = r.token_ids if self.o.shared_tokenizer or self.o.draft is None else self.o.draft.encode(r.text)
-            steps.append(Step(r.text, list(r.token_ids), list(draft_ids), r.finish_reason, "target"))
-        return steps
+
+    def _step_of(self, r: GenerationResult) -> Step:
+        draft_ids = r.token_ids if self.o.shared_tokenizer or self.o.draft is None else self.o.draft.encode(r.text)
+        return Step(r.text, list(r.token_ids), list(draft_ids), r.finish_reason, "target")
 
     async def _draft_steps(self, prefix: list[int], budget: int, width: int, salt: int) -> list[Step] | None:
         """Draft one position (``width`` candidates). None if the draft failed (request goes target-only)."""
@@ -398,7 +424,16 @@ class _Run:
             return None
         finally:
             self.m.draft_seconds += time.perf_counter() - t0
+        self._account_draft(results)
         steps = []
+        for r in results:
+            target_ids = r.token_ids if self.o.shared_tokenizer else self.o.target.encode(r.text)
+            steps.append(Step(r.text, list(target_ids), list(r.token_ids), r.finish_reason, "draft"))
+        self.m.drafted_steps += len(steps)
+        return steps
+
+    def _account_draft(self, results: list[GenerationResult]) -> None:
+        """Count one draft call's work."""
         prefill = _prefill_tokens(results)
         self.m.draft_prefill_tokens += prefill
         self.m.draft_prefill_calls += prefill > 0
@@ -407,8 +442,40 @@ class _Run:
             self.m.draft_forward_passes += r.counters.forward_passes
             self.m.draft_forward_positions += r.counters.forward_positions
             self.m.draft_proposed_tokens += r.counters.drafted_tokens
-            target_ids = r.token_ids if self.o.shared_tokenizer else self.o.target.encode(r.text)
-            steps.append(Step(r.text, list(target_ids), list(r.token_ids), r.finish_reason, "draft"))
+
+    async def _draft_chain(self, prefix: list[int], budget: int, gamma: int) -> list[Step] | None:
+        """Draft ``gamma`` steps in ONE engine call that stops at the ``gamma``-th delimiter (each step capped at
+        ``max_step_tokens``), instead of ``gamma`` calls: the draft is small, so per-call overhead (admission, a
+        BLS round trip when served) is a large part of a step. The steps are the call's tokens split at its
+        ``stop_offsets``; the chain ends early at EOS or a cut step. None if the draft failed."""
+        max_step = self.opts.step.max_step_tokens
+        req = GenerationRequest(prefix, max(1, min(gamma * max_step, budget)), self.stops, self.opts.sampling,
+                                self.opts.draft_sd, stop_count=gamma, max_tokens_per_stop=max_step)
+        t0 = time.perf_counter()
+        try:
+            r = (await asyncio.wait_for(self.o.draft.agenerate([req]), self.opts.draft_timeout_s))[0]
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a failing draft degrades the request to target-only
+            self.draft_ok = False
+            self.m.draft_failures += 1
+            return None
+        finally:
+            self.m.draft_seconds += time.perf_counter() - t0
+        self._account_draft([r])
+        bounds = [b for b in r.stop_offsets if b <= len(r.token_ids)]
+        if not bounds or bounds[-1] < len(r.token_ids):
+            bounds.append(len(r.token_ids))
+        steps, start = [], 0
+        for end in bounds:
+            ids = list(r.token_ids[start:end])
+            if not ids:
+                break
+            finish = "stop" if end in r.stop_offsets else r.finish_reason
+            text = self.o.draft.decode(ids)
+            target_ids = ids if self.o.shared_tokenizer else self.o.target.encode(text)
+            steps.append(Step(text, target_ids, ids, finish, "draft"))
+            start = end
         self.m.drafted_steps += len(steps)
         return steps
 
@@ -488,7 +555,13 @@ class _Run:
         chain: list[Step] = []          # candidate 0 per depth
         candidates: list[list[Step]] = []
         used = 0
-        for j in range(gamma):
+        if width == 1 and gamma > 1 and self.draft_ok and getattr(self.o.draft, "supports_stop_count", False):
+            chain = await self._draft_chain(ctx.draft_ids, ctx.remaining, gamma) or []
+            candidates = [[d] for d in chain]
+            gamma_left = 0
+        else:
+            gamma_left = gamma
+        for j in range(gamma_left):
             budget = ctx.remaining - used
             if budget <= 0 or not self.draft_ok:
                 break
@@ -510,36 +583,68 @@ class _Run:
             budgets.append(ctx.remaining - used)
             if j < len(chain):
                 used += len(chain[j].target_ids)
-        targets = await self._target_steps(prefixes, budgets)
-        pairs, index = [], []
-        for j, cands in enumerate(candidates):
-            if j >= len(targets):
-                break
-            for c, d in enumerate(cands):
-                if d.complete:
-                    pairs.append((targets[j], d))
-                    index.append((j, c))
-        verdicts = await self._verify(pairs) if pairs else []
-        ok: dict[tuple[int, int], bool] = {k: v.accept for k, v in zip(index, verdicts)}
+        return await self._verify_branches(prefixes, budgets, chain, candidates, gamma)
+
+    async def _verify_branches(self, prefixes: list[list[int]], budgets: list[int], chain: list[Step],
+                               candidates: list[list[Step]], gamma: int) -> list[StepEvent]:
+        """The cycle's target call, verified branch by branch (branch-aware verification).
+
+        All ``len(prefixes)`` branches start in one engine group. Branch ``j`` is judged against the drafted
+        step(s) at depth ``j`` as soon as it finishes (every shallower draft having been accepted), together with
+        the deeper branches already finished by then (one judge call); at the first rejection the deeper
+        branches are cancelled, so the call stops paying for rows whose output would be
+        thrown away, and ``t_j`` itself is committed. If every draft is accepted the bonus step follows.
+        ``target_seconds`` counts the call's wall time less the judge time spent inside it; the cancelled
+        branches' work is accounted with the call.
+        """
+        t0 = time.perf_counter()
+        deadline = t0 + self.opts.target_timeout_s if self.opts.target_timeout_s else None
+        judge_before = self.m.judge_seconds
+        group = start_requests(self.o.target, self._target_requests(prefixes, budgets))
+        results: list[GenerationResult | None] = [None] * len(prefixes)
         events: list[StepEvent] = []
-        accepted = 0
-        for j in range(len(chain)):
-            if j >= len(targets):
-                break
-            verified = any((j, c) in ok for c in range(len(candidates[j])))
-            hit = next((c for c in range(len(candidates[j])) if ok.get((j, c))), None)
-            if verified:
-                self.m.record_depth(j, hit is not None)
-            if hit is None:
-                break
-            events.append(self._commit(candidates[j][hit], j))
-            accepted += 1
-            if self.finish or hit != 0:
-                self._adapt(len(chain), accepted, gamma)
-                return events
+        accepted, decided = 0, False  # decided: the cycle's output is settled before its bonus step
+        try:
+            j = 0
+            while j < len(prefixes) and not decided:
+                results[j] = await self._target_result(group.results[j], deadline)
+                # Branches j.. that are already done are judged together in one judge call.
+                ready = j + 1
+                while ready < min(len(prefixes), len(chain)) and group.results[ready].done():
+                    results[ready] = await self._target_result(group.results[ready], deadline)
+                    ready += 1
+                if j == len(chain):  # every draft accepted: the bonus step
+                    events.append(self._commit(self._step_of(results[j]), j))
+                    break
+                pairs = [(d, self._step_of(results[i]), i) for i in range(j, min(ready, len(chain)))
+                         for d in candidates[i] if d.complete]
+                verdicts = await self._verify([(t, d) for d, t, _ in pairs]) if pairs else []
+                ok = {id(d): v.accept for (d, _, _), v in zip(pairs, verdicts)}
+                for i in range(j, min(ready, len(chain))):
+                    hit = next((d for d in candidates[i] if ok.get(id(d))), None)
+                    if any(d.complete for d in candidates[i]):
+                        self.m.record_depth(i, hit is not None)
+                    if hit is None:
+                        events.append(self._commit(self._step_of(results[i]), i))
+                        decided = True
+                        break
+                    events.append(self._commit(hit, i))
+                    accepted += 1
+                    if self.finish or hit is not candidates[i][0]:
+                        decided = True  # the answer ended, or deeper branches followed another candidate
+                        break
+                j = min(ready, len(chain))
+        finally:
+            group.cancel(range(len(prefixes)))
+            for j, r in enumerate(results):
+                if r is None:
+                    try:
+                        results[j] = await self._target_result(group.results[j], None if deadline is None else deadline + 1)
+                    except Exception:  # noqa: BLE001 - the call already failed or was cut short
+                        results[j] = GenerationResult([], "", "cancelled")
+            self.m.target_seconds += time.perf_counter() - t0 - (self.m.judge_seconds - judge_before)
+        self._account_target(results)
         self._adapt(len(chain), accepted, gamma)
-        if accepted < len(targets):
-            events.append(self._commit(targets[accepted], accepted))
         return events
 
     def _adapt(self, drafted: int, accepted: int, planned: int | None = None) -> None:

@@ -1,6 +1,6 @@
 """Per-request metrics and the analytic speed model of Lookahead Reasoning.
 
-Speed model (DESIGN.md section 1; paper arXiv 2506.19830, section 3, synchronous case), in units of
+Speed model (docs/design.md section 2; paper arXiv 2506.19830, section 3, synchronous case), in units of
 ``tau`` = one target decoding forward at batch 1 with one new position (the calibrated
 ``CostModel.target_step_seconds``); autoregressive decoding pays ``tau`` per output token. One synchronous
 cycle commits ``E[steps]`` steps of ``l`` tokens each and costs
@@ -30,7 +30,7 @@ with ``t`` the fraction of cycles that end with a target step (1 unless the answ
 draft). Forwards, rows, positions and acceptance are counted in the run; ``c``, ``b`` and ``v`` come from
 the calibration. With independent acceptance ``alpha`` per step, ``A_i = alpha^i`` and ``t = 1`` (2) is the
 paper's ``(1 - alpha^(gamma+1)) / (1 - alpha)``; with steps of equal length ``l`` and neither SD nor prefill,
-``F_q = gamma * l``, ``F_p = l`` and ``r = gamma + 1``, and (1) is DESIGN.md's
+``F_q = gamma * l``, ``F_p = l`` and ``r = gamma + 1``, and (1) is docs/design.md's (section 2.5)
 ``E[steps] / (gamma * c + b(gamma + 1) + J / l)``. ``ar`` gives 1 (less its prefill), ``sd`` its tokens per
 forward over the forwards' cost. :func:`iid_steps_per_cycle` keeps the independence form, to show how far it is from the
 measured one (``benchmarks/RESULTS.md``: acceptance falls with depth and short answers end cycles early).
@@ -66,7 +66,8 @@ class RequestMetrics:
     ``draft_forward_passes``, ``draft_proposed_tokens`` (token-level SD proposals inside the draft's calls)
     and ``draft_prefill_*``, which count the draft's own tokens. ``target_call_tokens`` /
     ``target_forward_passes`` / ``target_drafted_tokens`` are the same for the target's calls
-    (``target_branches`` branches in ``target_calls`` calls; forwards summed over branches), and
+    (``target_branches`` branches in ``target_calls`` calls, of which ``target_cancelled_branches`` were cancelled
+    once a shallower branch's draft was rejected; forwards summed over branches), and
     ``target_call_forwards`` sums each call's longest branch's forwards, ``*_forward_positions`` the positions
     per row those forwards computed (padded widths, see ``GenerationCounters``). ``*_prefill_tokens`` are
     prompt tokens computed rather than served from the prefix cache, in ``*_prefill_calls`` calls.
@@ -105,6 +106,7 @@ class RequestMetrics:
     target_forward_positions: int = 0
     draft_forward_positions: int = 0
     target_branches: int = 0
+    target_cancelled_branches: int = 0
     target_call_tokens: int = 0
     target_drafted_tokens: int = 0
     target_accepted_tokens: int = 0

@@ -44,9 +44,10 @@ def model_dirs(request, tiny_model_dir, tiny_draft_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(model_dirs):
     target_dir, draft_dir = model_dirs
-    draft = PortableEngine.from_pretrained(draft_dir, num_threads=1)
-    target = PortableEngine.from_pretrained(target_dir, num_threads=1, draft_engine=draft, block_size=4)
-    nocache = PortableEngine.from_pretrained(target_dir, num_threads=1, prefix_cache=False)
+    # fp32: reduced precision is not batch-invariant, so the equalities below hold in fp32 only.
+    draft = PortableEngine.from_pretrained(draft_dir, num_threads=1, dtype="float32")
+    target = PortableEngine.from_pretrained(target_dir, num_threads=1, draft_engine=draft, block_size=4, dtype="float32")
+    nocache = PortableEngine.from_pretrained(target_dir, num_threads=1, prefix_cache=False, dtype="float32")
     yield target, nocache
     for e in (target, nocache, draft):
         e.close()
@@ -257,8 +258,8 @@ def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draf
     the asked n, and v(w) from the portable engine's step timings (which it switches back off)."""
     from lookahead_reasoning.calibration import calibrate
 
-    draft = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1)
-    target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1)
+    draft = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1, dtype="float32")
+    target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, dtype="float32")
     try:
         prompt = target.encode(TEXTS[3] * 4)
         cost = calibrate(target, draft, ns=(2, 5), prompt_ids=prompt, draft_prompt_ids=prompt, repeats=2)
@@ -270,6 +271,78 @@ def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draf
     assert cost.width and min(cost.width) > 1 and all(v > 0 for v in cost.width.values())
     assert cost.draft_width and not target.record_steps and not target.step_seconds
     d = cost.to_dict()
-    assert set(d) == {"target_step_ms", "draft_step_ms", "c", "b", "v", "draft_v", "row_width"}
+    assert set(d) == {"target_step_ms", "draft_step_ms", "c", "b", "v", "draft_v", "row_width", "repeats",
+                      "load_avg_1min_start", "load_avg_1min_end"}
+    assert d["repeats"] == 2 and d["load_avg_1min_start"] >= 0 and d["load_avg_1min_end"] >= 0
     # rows x widths measured jointly on the branches (n-gram SD finds matches in the repeated text)
     assert set(cost.row_width) <= {2, 5} and all(w > 1 and x > 0 for p in cost.row_width.values() for w, x in p.items())
+
+
+def test_accepted_tokens_count_only_what_reaches_the_output(engines):
+    """A stop inside an accepted run of proposals drops the rest: the counters must not count them."""
+    target, _ = engines
+    ids = target.encode("Step 1: 4 + 4 = 8.\n\nStep 2: 8 + 4 = 12.\n\n" * 3)
+    spec = SpecDecodeConfig(method="ngram", num_speculative_tokens=6, prompt_lookup_max=3)
+    free = target.generate([GenerationRequest(ids, 40, spec=spec)])[0]
+    cut_inside = 0
+    for cut in range(2, min(30, len(free.token_ids))):
+        stop = target.decode(free.token_ids[:cut])[-3:]
+        if not stop.strip():
+            continue
+        res = target.generate([GenerationRequest(ids, 40, stop=(stop,), spec=spec)])[0]
+        c = res.counters
+        # Each forward adds its accepted proposals plus one token; a stop may cut the last forward's run
+        # inside its proposals (then that forward added no extra token). Dropped proposals are not counted.
+        assert len(res.token_ids) - c.forward_passes <= c.accepted_tokens <= len(res.token_ids) - c.forward_passes + 1
+        cut_inside += c.accepted_tokens == len(res.token_ids) - c.forward_passes + 1
+    assert cut_inside  # the case the counters used to get wrong did occur
+
+
+def test_start_cancels_some_requests_of_a_group(engines, reference):
+    """Per-request results and partial cancellation: the kept requests finish exactly as alone."""
+    target, _ = engines
+
+    async def main():
+        group = target.start(_reqs(reference))
+        first = await group.results[0]
+        group.cancel([2, 3])
+        return first, [await f for f in group.results]
+
+    first, results = asyncio.run(main())
+    assert results[0] is first
+    assert results[0].token_ids == _truncate_at_eos(target, reference[0][1])
+    assert results[1].token_ids == _truncate_at_eos(target, reference[1][1])
+    for r in results[2:]:
+        assert r.finish_reason in ("cancelled", "eos", "length")
+        if r.finish_reason == "cancelled":
+            assert len(r.token_ids) <= 24
+    assert target.active_sequences == 0
+
+
+@pytest.mark.parametrize("spec", [SpecDecodeConfig(), NGRAM], ids=["plain", "ngram"])
+def test_stop_count_equals_chained_calls(engines, spec):
+    """A call that stops at the 3rd stop string gives the tokens of three calls that each stop at the first,
+    with each completion's offset; ``max_tokens_per_stop`` cuts a run without a stop as ``length``."""
+    target, _ = engines
+    ids = target.encode("Step 1: 4 + 4 = 8.\n\nStep 2: 8 + 4 = 12.\n\n")
+    free = target.generate([GenerationRequest(ids, 60, spec=spec)])[0]
+    stop = next(t for t in (target.decode([i]) for i in free.token_ids[2:]) if t.strip())
+    chained, offsets, prefix = [], [], list(ids)
+    for _ in range(3):
+        r = target.generate([GenerationRequest(prefix, 60 - len(chained), stop=(stop,), spec=spec)])[0]
+        chained += r.token_ids
+        prefix += r.token_ids
+        if r.finish_reason != "stop":
+            break
+        offsets.append(len(chained))
+        if len(chained) >= 60:
+            break
+    one = target.generate([GenerationRequest(ids, 60, stop=(stop,), spec=spec, stop_count=3)])[0]
+    assert one.token_ids == chained
+    assert one.stop_offsets == offsets
+    assert one.finish_reason == ("stop" if len(offsets) == 3 else r.finish_reason)
+    capped = target.generate([GenerationRequest(ids, 60, stop=("@@never@@",), spec=spec, stop_count=2,
+                                                max_tokens_per_stop=5)])[0]
+    assert capped.finish_reason in ("length", "eos") and len(capped.token_ids) <= 5 + spec.num_speculative_tokens
+    with pytest.raises(ValueError, match="stop_count"):
+        target.generate([GenerationRequest(ids, 8, stop_count=2)])

@@ -271,7 +271,7 @@ def test_real_fp8_build_of_a_tiny_model(tiny_model_dir, tmp_path):
     from lookahead_reasoning.backends.base import GenerationRequest
     from lookahead_reasoning.backends.portable import PortableEngine
 
-    eng = PortableEngine.from_pretrained(str(tmp_path / "deq"), num_threads=1)
+    eng = PortableEngine.from_pretrained(str(tmp_path / "deq"), num_threads=1, dtype="float32")
     try:
         assert q.install_input_fake_quant(eng.model, scales) == 14
         res = eng.generate([GenerationRequest(eng.encode("Step 1: 4 + 4 ="), 8)])[0]

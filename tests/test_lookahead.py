@@ -1,7 +1,7 @@
 """The Lookahead Reasoning loop on real (tiny, random) models: the lossless property and loop mechanics.
 
 With the ``exact`` verifier and greedy sampling, ``lr`` and ``lr+sd`` (sync and async) must reproduce the
-target's own autoregressive output token for token (DESIGN.md section 1).
+target's own autoregressive output token for token (docs/design.md section 1.6).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ PROMPTS = ["Step 1: 4 + 4", "The total is", "Step 2: 12 x 3 = 36.\n\nStep 3:"]
 
 @pytest.fixture(scope="module")
 def trio(tiny_model_dir, tiny_draft_dir):
-    target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, block_size=4)
-    same = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, block_size=4)
-    other = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1, block_size=4)
+    target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, block_size=4, dtype="float32")
+    same = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, block_size=4, dtype="float32")
+    other = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1, block_size=4, dtype="float32")
     yield target, same, other
     for e in (target, same, other):
         e.close()
@@ -79,6 +79,23 @@ def test_width_and_adaptive_gamma_stay_lossless(trio, delimiter):
     opts = _opts(delimiter, mode="lr", adaptive_gamma=True)
     assert r.controller(opts).gamma < opts.gamma
     assert adaptive.metrics.mean_gamma < opts.gamma
+
+
+def test_rejection_cancels_deeper_branches(trio, delimiter):
+    """Branch-aware verification: an unrelated draft's steps are rejected at depth 0, the deeper branches are
+    cancelled (their rows stop decoding), and the output is still the target's own."""
+    target, _, other = trio
+    r = LookaheadReasoner(target, other, use_chat_template=False)
+    cancelled = branches = 0
+    for p in PROMPTS:
+        ar = r.run(p, options=_opts(delimiter, mode="ar"))
+        lr = r.run(p, options=_opts(delimiter, mode="lr"))
+        assert lr.token_ids == ar.token_ids
+        cancelled += lr.metrics.target_cancelled_branches
+        branches += lr.metrics.target_branches
+        assert lr.metrics.target_cancelled_branches < lr.metrics.target_branches
+    assert cancelled > 0
+    assert target.active_sequences == 0
 
 
 def test_budget_and_user_stop(trio, delimiter):

@@ -37,7 +37,7 @@ MODELS = ["tiny", pytest.param("demo", marks=pytest.mark.skipif(not (DEMO / "tar
 def stack(request, tiny_model_dir):
     """(model dir, portable engine, server handle, OpenAI client engine)."""
     model_dir = str(tiny_model_dir) if request.param == "tiny" else str(DEMO / "target")
-    engine = PortableEngine.from_pretrained(model_dir, num_threads=1)
+    engine = PortableEngine.from_pretrained(model_dir, num_threads=1, dtype="float32")
     server = start_server(engine, model_name=request.param)
     client = OpenAIEngine(OpenAIEngineConfig(url=server.url, tokenizer=model_dir, flavor="lookahead", timeout_s=120))
     yield model_dir, engine, server, client

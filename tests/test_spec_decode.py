@@ -53,3 +53,14 @@ def test_ngram_propose_uses_most_recent_longest_match():
     assert ngram_propose(toks, 3, lookup_max=2, lookup_min=1) == [9, 9, 5]
     assert ngram_propose([1, 2, 3], 3, 2, 1) == []
     assert ngram_propose([4, 1, 2, 4], 2, 3, 1) == [1, 2]
+
+
+def test_ngram_propose_falls_back_to_an_earlier_match_with_room():
+    # Repetitive text: the most recent match of [2, 3] overlaps the suffix and only 3 tokens follow it; an
+    # earlier one is followed by the k = 4 tokens asked for.
+    toks = [1, 2, 3] * 10
+    assert ngram_propose(toks, 4, lookup_max=2, lookup_min=1) == [1, 2, 3, 1]
+    # One token repeated: every earlier match of the suffix is followed by copies of it.
+    assert ngram_propose([7] * 48, 4, lookup_max=2, lookup_min=1) == [7, 7, 7, 7]
+    # No match has k followers: the one followed by the most wins.
+    assert ngram_propose([5, 6, 8, 5, 6], 4, lookup_max=2, lookup_min=1) == [8, 5, 6]

@@ -147,6 +147,14 @@ def test_custom_metrics_exported(triton_server, items):
             "lr_verified_steps_total", "lr_judge_fallbacks_total", "lr_acceptance_rate"} <= names
 
 
+def test_engine_dtypes_reported(triton_server):
+    """dtype auto is resolved inside each role model and exported; the demo trio is overhead-bound: float32."""
+    dtypes = triton_server.engine_dtypes()
+    assert set(dtypes) == {"draft", "target", "judge"}
+    assert set(dtypes.values()) <= {"float32", "bfloat16"}
+    assert dtypes["target"] == "float32"
+
+
 def test_server_reports_its_profile(triton_server):
     info = _run(TritonLRClient(triton_server.http_url, "http").server_profile())
     assert info["profile"] == "demo"

@@ -87,6 +87,11 @@ class GenerationRequest:
         sampling: see :class:`SamplingParams`.
         spec: token-level speculative decoding, see :class:`SpecDecodeConfig`.
         request_id: optional caller id (used for cancellation and logs).
+        stop_count: finish at the ``stop_count``-th completed stop string instead of the first (several
+            reasoning steps in one call: the draft's chain of a cycle); each completion's offset is returned in
+            ``GenerationResult.stop_offsets``. Backends that cannot do it reject values above 1.
+        max_tokens_per_stop: with ``stop_count``, finish (``length``) when this many tokens follow the last
+            completed stop string without another (a step's ``max_step_tokens``); None: no such cap.
     """
 
     prompt_ids: tuple[int, ...]
@@ -95,6 +100,8 @@ class GenerationRequest:
     sampling: SamplingParams = GREEDY
     spec: SpecDecodeConfig = NO_SPEC
     request_id: str | None = None
+    stop_count: int = 1
+    max_tokens_per_stop: int | None = None
 
     def __post_init__(self) -> None:
         # Normalise lists to tuples so requests are hashable and immutable.
@@ -140,6 +147,8 @@ class GenerationResult:
         counters: :class:`GenerationCounters`.
         token_probs: ``[len(token_ids), vocab]`` float32 distributions the tokens were sampled from; only
             filled by the portable engine for internal draft-model proposals (``submit(..., collect_probs=True)``).
+        stop_offsets: for each completed stop string, the number of new tokens up to and including the token
+            that completed it (ascending; see ``GenerationRequest.stop_count``).
     """
 
     token_ids: list[int]
@@ -147,6 +156,69 @@ class GenerationResult:
     finish_reason: FinishReason
     counters: GenerationCounters = field(default_factory=GenerationCounters)
     token_probs: "object | None" = None
+    stop_offsets: list[int] = field(default_factory=list)
+
+
+def check_stop_fields(req: GenerationRequest, multi_stop: bool) -> None:
+    """Validate ``stop_count`` / ``max_tokens_per_stop`` (``multi_stop``: the backend supports ``stop_count > 1``).
+
+    Raises:
+        ValueError: naming the field.
+    """
+    if not isinstance(req.stop_count, int) or req.stop_count < 1:
+        raise ValueError(f"stop_count: must be an integer >= 1, got {req.stop_count!r}")
+    if req.stop_count > 1 and not multi_stop:
+        raise ValueError("stop_count: this backend stops at the first stop string only")
+    if req.stop_count > 1 and not req.stop:
+        raise ValueError("stop_count: needs stop strings")
+    if req.max_tokens_per_stop is not None and (not isinstance(req.max_tokens_per_stop, int)
+                                                or req.max_tokens_per_stop < 1):
+        raise ValueError(f"max_tokens_per_stop: must be an integer >= 1, got {req.max_tokens_per_stop!r}")
+
+
+class RequestGroup:
+    """Requests started together whose results arrive one by one (branch-aware verification: the LR loop judges
+    branch ``j`` as soon as it is done and cancels the deeper branches once one is rejected).
+
+    Attributes:
+        results: one asyncio future per request, in request order, resolving to its
+            :class:`GenerationResult`; a cancelled request resolves with finish reason ``cancelled`` (and, where
+            the backend keeps them, the counters of the work it did), never with ``CancelledError``.
+    """
+
+    def __init__(self, results: list["asyncio.Future[GenerationResult]"], cancel) -> None:
+        self.results = results
+        self._cancel = cancel
+
+    def cancel(self, indices: Sequence[int]) -> None:
+        """Stop the requests at ``indices`` (finished ones are unaffected)."""
+        indices = [i for i in indices if not self.results[i].done()]
+        if indices:
+            self._cancel(indices)
+
+
+def start_requests(engine: "Engine", requests: Sequence[GenerationRequest]) -> RequestGroup:
+    """Start ``requests`` on ``engine`` as a :class:`RequestGroup` (call from a running event loop).
+
+    Backends with their own ``start`` (the portable engine: one group in one in-flight batch, per-request
+    cancellation) use it; for the others each request becomes its own ``agenerate`` task, cancelled by
+    cancelling the task.
+
+    Raises:
+        ValueError: an invalid request (from the backend's own ``start``; otherwise from the first task).
+    """
+    start = getattr(engine, "start", None)
+    if callable(start):
+        return start(requests)
+
+    async def one(req: GenerationRequest) -> GenerationResult:
+        try:
+            return (await engine.agenerate([req]))[0]
+        except asyncio.CancelledError:
+            return GenerationResult([], "", "cancelled")
+
+    tasks = [asyncio.ensure_future(one(r)) for r in requests]
+    return RequestGroup(tasks, lambda idx: [tasks[i].cancel() for i in idx])
 
 
 @runtime_checkable

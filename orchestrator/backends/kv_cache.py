@@ -120,9 +120,16 @@ class BatchKVCache(Cache):
         eye = torch.eye(new, dtype=torch.bool, device=self.device)
         return (causal[None] & new_valid[:, None, :]) | eye[None]
 
-    def invalidate(self, row: int, start: int, end: int) -> None:
-        """Mark slots ``[start, end)`` of ``row`` as holes (e.g. rejected speculative tokens)."""
-        self.valid[row, start:end] = False
+    def keep_new(self, start: int, keep: torch.Tensor) -> None:
+        """After a forward that wrote slots ``[start, length)``: keep the first ``keep[r]`` of them valid in row
+        ``r`` and make the rest holes (rejected proposals, padding, tokens past a stop).
+
+        Args:
+            start: first slot of the last forward.
+            keep: ``[rows]`` long.
+        """
+        cols = torch.arange(self.length - start, device=self.device)
+        self.valid[: self.rows, start:self.length] &= cols[None] < keep.to(self.device)[:, None]
 
     def row_kv(self, row: int) -> torch.Tensor:
         """KV of one row's valid slots in slot order, ``[num_layers, 2, kv_heads, n_valid, head_dim]`` (a copy)."""

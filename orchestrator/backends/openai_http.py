@@ -33,7 +33,7 @@ from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult
+from .base import FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, check_stop_fields
 from .tokenizer import TokenizerAccess
 
 Flavor = Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"]
@@ -99,6 +99,7 @@ def validate_request(req: GenerationRequest, vocab_size: int, context_length: in
         )
     if any((not isinstance(s, str)) or s == "" for s in req.stop):
         raise ValueError("stop: stop strings must be non-empty strings")
+    check_stop_fields(req, multi_stop=False)
 
 
 def first_stop_end(token_ids: Sequence[int], stop: Sequence[str], decode) -> int | None:

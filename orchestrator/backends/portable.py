@@ -22,6 +22,7 @@ forward accepts instead), so the same code serves Llama, Qwen2 and Qwen3 checkpo
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import os
@@ -34,9 +35,10 @@ from typing import Literal, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .base import FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult
+from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, RequestGroup,
+                   check_stop_fields)
 from .kv_cache import BatchKVCache, PrefixCache
-from .spec_decode import make_warpers, ngram_propose, verify
+from .spec_decode import greedy_accepted, make_warpers, ngram_propose, verify
 from .tokenizer import TokenizerAccess
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,9 @@ class PortableEngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(..., description="Hugging Face checkpoint folder")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bfloat16 on CUDA; on a CPU with native bf16 matmul, bfloat16 when a start-up "
+                            "micro-benchmark finds it faster for this model, else float32 (see choose_dtype)")
     device: str = "cpu"
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None = torch default")
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
@@ -75,13 +79,85 @@ class PortableEngineConfig(BaseModel):
         return self
 
 
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype an engine runs in and why (``reason``; with ``dtype: auto`` the micro-benchmark's times)."""
+
+    dtype: str
+    reason: str
+    ms_per_step: dict[str, float] = field(default_factory=dict)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 ``avx512_bf16`` or ``amx_bf16``, Arm ``bf16``), from
+    ``/proc/cpuinfo`` (False where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def _decode_ms(model, rows: int, context: int = 64, steps: int = 6) -> float:
+    """Median ms of one decoding forward of ``rows`` rows (one new token each) after a ``context``-token prefill
+    (tokens are arbitrary ids: only the time is read)."""
+    from transformers import DynamicCache
+
+    vocab = model.config.vocab_size
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    ids = (torch.arange(rows * context).reshape(rows, context) * 7919 % vocab).to(model.device)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
+        nxt = out.logits[:, -1:].argmax(-1)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            out = model(input_ids=nxt, use_cache=True, **{kw: cache})
+            nxt = out.logits[:, -1:].argmax(-1)
+            times.append(time.perf_counter() - t0)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def choose_dtype(model, device: torch.device, margin: float = 0.9) -> tuple[object, DtypeChoice]:
+    """Resolve ``dtype: auto`` for a model loaded in float32 (returns the model to use and the choice).
+
+    CUDA: bfloat16 (float16 where the GPU lacks bf16). CPU without native bf16 matmul: float32. CPU with it: a
+    micro-benchmark times decoding forwards at 1 and 4 rows in both dtypes (a bf16 copy of the weights,
+    interleaved, twice) and keeps bfloat16 only if it takes at most ``margin`` of float32's time: small models
+    are bound by per-call overhead, where bf16's conversions cost more than its halved weight traffic saves.
+    Reduced precision is not batch-invariant, so the ``exact`` judge's lossless guarantee holds in float32.
+    """
+    import copy
+
+    if device.type == "cuda":
+        dt = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return model, DtypeChoice(dt, "auto: CUDA")
+    if not cpu_has_native_bf16():
+        return model, DtypeChoice("float32", "auto: no native bf16 matmul on this CPU")
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    times = {"float32": 0.0, "bfloat16": 0.0}
+    for _ in range(2):
+        for name, m in (("float32", model), ("bfloat16", bf16)):
+            times[name] += _decode_ms(m, 1) + _decode_ms(m, 4)
+    ms = {k: round(v / 2, 3) for k, v in times.items()}
+    if ms["bfloat16"] <= margin * ms["float32"]:
+        return bf16, DtypeChoice("bfloat16", f"auto: bf16 {ms['bfloat16']:.1f} ms vs fp32 {ms['float32']:.1f} ms", ms)
+    del bf16
+    return model, DtypeChoice("float32", f"auto: fp32 {ms['float32']:.1f} ms vs bf16 {ms['bfloat16']:.1f} ms", ms)
+
+
 @dataclass
 class _Group:
-    """The requests of one submit() call, completed together."""
+    """The requests of one submit() call: ``future`` resolves when all are done, ``items[i]`` when request
+    ``i`` is (cancelled requests resolve with their partial result, finish reason ``cancelled``)."""
 
     future: Future
     results: list[GenerationResult | None]
     remaining: int
+    items: list[Future] = field(default_factory=list)
+    seqs: list["_Seq"] = field(default_factory=list)
     cancelled: bool = False
 
 
@@ -96,14 +172,21 @@ class _Seq:
     counters: GenerationCounters = field(default_factory=GenerationCounters)
     warpers: object = None
     generator: torch.Generator | None = None
-    text: str = ""
+    stop_chars: int = 0  # longest stop string, characters
     finish: str | None = None
+    cancelled: bool = False
+    stop_offsets: list[int] = field(default_factory=list)  # generated-token counts at each completed stop
     collect_probs: bool = False
     probs: list = field(default_factory=list)
 
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.n_prompt:]
+
+    @property
+    def stopped(self) -> bool:
+        """Cancelled, alone or with its whole group."""
+        return self.cancelled or self.group.cancelled
 
 
 class PortableEngine(FutureEngineMixin, TokenizerAccess):
@@ -121,6 +204,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
     """
 
     name = "portable"
+    supports_stop_count = True  # GenerationRequest.stop_count > 1: several steps in one call
 
     def __init__(self, config: PortableEngineConfig, draft_engine: "PortableEngine | None" = None,
                  model=None) -> None:
@@ -129,12 +213,21 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self.config = config
         self.draft_engine = draft_engine
         self.device = torch.device(config.device)
-        self.dtype = _DTYPES[config.dtype]
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)  # as the scheduler thread will (torch's pool is global)
+        load_dtype = torch.float32 if config.dtype == "auto" and self.device.type == "cpu" else (
+            _DTYPES.get(config.dtype, torch.bfloat16))
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(
-                config.model, dtype=self.dtype, attn_implementation=config.attn_implementation
+                config.model, dtype=load_dtype, attn_implementation=config.attn_implementation
             )
-        self.model = model.to(self.device).eval()
+        model = model.to(self.device).eval()
+        self.dtype_choice = DtypeChoice(config.dtype, "configured") if config.dtype != "auto" else None
+        if self.dtype_choice is None:
+            model, self.dtype_choice = choose_dtype(model, self.device)
+        self.dtype = _DTYPES[self.dtype_choice.dtype]
+        self.model = model.to(self.dtype)
+        log.info("portable engine %s: dtype %s (%s)", config.model, self.dtype_choice.dtype, self.dtype_choice.reason)
         mc = self.model.config
         self._load_tokenizer(config.model, mc, getattr(self.model, "generation_config", None))
         self._num_layers = mc.num_hidden_layers
@@ -192,6 +285,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             raise ValueError("stop: stop strings must be non-empty strings")
         if req.spec.method == "draft_model" and self.draft_engine is None:
             raise ValueError("spec.method: 'draft_model' needs an engine built with a draft_engine")
+        check_stop_fields(req, multi_stop=True)
 
     def submit(self, requests: Sequence[GenerationRequest], collect_probs: bool = False) -> Future:
         """Queue ``requests``; the returned future resolves to their results in order.
@@ -206,13 +300,15 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         for req in requests:
             self.validate(req)
         fut: Future = Future()
-        group = _Group(fut, [None] * len(requests), len(requests))
+        group = _Group(fut, [None] * len(requests), len(requests), [Future() for _ in requests])
         if not requests:
             fut.set_result([])
             return fut
         now = time.perf_counter()
         seqs = [_Seq(req, group, i, list(req.prompt_ids), len(req.prompt_ids), now) for i, req in enumerate(requests)]
+        group.seqs = seqs
         for s in seqs:
+            s.stop_chars = max((len(x) for x in s.req.stop), default=0)
             s.collect_probs = collect_probs and not s.req.sampling.greedy
             s.warpers = make_warpers(s.req.sampling)
             if not s.req.sampling.greedy:
@@ -229,13 +325,30 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         fut.group = group  # type: ignore[attr-defined]
         return fut
 
-    def cancel(self, fut: Future) -> None:
-        """Stop the requests of a submitted group; their rows and KV are released at the next step."""
+    def cancel(self, fut: Future, indices: Sequence[int] | None = None) -> None:
+        """Stop the requests of a submitted group (only those at ``indices``, when given); their rows and KV are
+        released at the next step and each resolves with its partial result (finish reason ``cancelled``)."""
         group = getattr(fut, "group", None)
         if group is not None:
             with self._cv:
-                group.cancelled = True
+                if indices is None:
+                    group.cancelled = True
+                else:
+                    for i in indices:
+                        group.seqs[i].cancelled = True
                 self._cv.notify()
+
+    def start(self, requests: Sequence[GenerationRequest]) -> RequestGroup:
+        """Submit ``requests`` from a running event loop; each request's result can be awaited on its own and
+        any of them cancelled (see :class:`~.base.RequestGroup`).
+
+        Raises:
+            ValueError: an invalid request (nothing is queued); RuntimeError if the engine is closed.
+        """
+        loop = asyncio.get_running_loop()
+        fut = self.submit(requests)
+        items = [asyncio.wrap_future(f, loop=loop) for f in getattr(fut, "group").items] if requests else []
+        return RequestGroup(items, lambda idx: self.cancel(fut, idx))
 
     def close(self) -> None:
         with self._cv:
@@ -284,10 +397,10 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                 new, self._pending = self._pending[:room], self._pending[room:]
             try:
                 self._drop_cancelled()
-                for s in [s for s in new if s.group.cancelled]:
+                for s in [s for s in new if s.stopped]:
                     s.finish = "cancelled"
                     self._complete(s)
-                new = [s for s in new if not s.group.cancelled]
+                new = [s for s in new if not s.stopped]
                 if new:
                     self._admit(new)
                 if self._running:
@@ -297,14 +410,12 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                 self._fail_all(exc, new)
         with self._cv:
             for s in self._pending + self._running:
-                if not s.group.future.done():
-                    s.group.future.set_exception(RuntimeError("engine closed"))
+                _fail(s.group, RuntimeError("engine closed"))
 
     def _fail_all(self, exc: Exception, new: list[_Seq]) -> None:
         groups = {id(s.group): s.group for s in self._running + new}
         for g in groups.values():
-            if not g.future.done():
-                g.future.set_exception(exc)
+            _fail(g, exc)
         self._running = []
         if self.config.static_cache:
             while self._cache.rows:
@@ -313,12 +424,12 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             self._cache = self._new_cache()
 
     def _drop_cancelled(self) -> None:
-        for s in [s for s in self._running if s.group.cancelled]:
+        for s in [s for s in self._running if s.stopped]:
             s.finish = "cancelled"
             self._release(s)
         with self._cv:
-            gone = [s for s in self._pending if s.group.cancelled]
-            self._pending = [s for s in self._pending if not s.group.cancelled]
+            gone = [s for s in self._pending if s.stopped]
+            self._pending = [s for s in self._pending if not s.stopped]
         for s in gone:
             s.finish = "cancelled"
             self._complete(s)
@@ -459,40 +570,57 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         return props
 
     def _step(self) -> None:
+        """One decoding forward for the whole running batch, every row's SD proposals included.
+
+        Row ``r`` feeds its last token plus its ``k_r`` proposals, padded to the batch's width; positions and the
+        padding mask are built with tensor ops. Greedy rows are verified together from one argmax (one
+        device-to-host copy of ``[rows, width]`` ids); sampled rows, which need their own RNG and warpers, copy
+        only their own logits. Slots of rejected proposals, padding and tokens cut by a stop become holes.
+        """
         t0 = time.perf_counter()
         seqs = self._running
         props = self._proposals()
-        width = 1 + max(len(p) for p, _ in props)
+        n_props = [len(p) for p, _ in props]
+        width = 1 + max(n_props)
         if self._graphs is not None:  # pad up to a captured width (extra positions are invalid padding)
             width = next((w for w in self._graphs.widths if w >= width), width)
         b = len(seqs)
-        ids = torch.full((b, width), self._pad, dtype=torch.long)
-        pos = torch.zeros((b, width), dtype=torch.long)
-        real = torch.zeros((b, width), dtype=torch.bool)
-        for r, (s, (p, _)) in enumerate(zip(seqs, props)):
-            row = [s.tokens[-1]] + p
-            ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
-            start = len(s.tokens) - 1
-            pos[r] = torch.arange(start, start + width)
-            real[r, : len(row)] = True
+        ids = torch.tensor([[s.tokens[-1]] + p + [self._pad] * (width - 1 - len(p)) for s, (p, _) in zip(seqs, props)],
+                           dtype=torch.long)
+        cols = torch.arange(width)
+        real = cols[None] <= torch.tensor(n_props)[:, None]
+        pos = torch.tensor([len(s.tokens) - 1 for s in seqs])[:, None] + cols[None]
         start_slot = self._cache.length
-        logits = self._forward(self._cache, ids, pos, real, logits=True).float()
+        logits = self._forward(self._cache, ids, pos, real, logits=True)
+        greedy = [r for r, s in enumerate(seqs) if s.req.sampling.greedy]
+        best = logits.argmax(dim=-1).cpu() if greedy else None
+        accepted = greedy_accepted(ids[:, 1:], real[:, 1:], best[:, :-1]).tolist() if greedy else [0] * b
+        best = best.tolist() if greedy else None
+        sampled = [r for r, s in enumerate(seqs) if not s.req.sampling.greedy]
+        sampled_logits = dict(zip(sampled, logits[sampled].float().cpu())) if sampled else {}
+        kept = [0] * b  # new slots whose KV stays valid (the fed last token plus the tokens appended after it)
         finished = []
         for r, (s, (p, q)) in enumerate(zip(seqs, props)):
-            k = len(p)
-            verdict = verify(p, logits[r, : k + 1].cpu(), s.req.sampling, s.warpers, s.generator, q)
+            k = n_props[r]
+            if s.req.sampling.greedy:
+                acc = accepted[r]
+                tokens, probs = p[:acc] + [best[r][acc]], None
+            else:
+                verdict = verify(p, sampled_logits[r][: k + 1], s.req.sampling, s.warpers, s.generator, q)
+                acc, tokens, probs = verdict.accepted, verdict.tokens, verdict.probs
             if s.collect_probs:
-                s.probs.append(verdict.probs[-1:])
-            # Slots of rejected proposals (and row padding) become holes.
-            self._cache.invalidate(r, start_slot + 1 + verdict.accepted, start_slot + width)
+                s.probs.append(probs[-1:])
             s.counters.forward_passes += 1
             s.counters.forward_positions += width
             s.counters.drafted_tokens += k
-            s.counters.accepted_tokens += verdict.accepted
-            for tok in verdict.tokens:
+            for tok in tokens:
+                kept[r] += 1
                 if self._append(s, tok):
                     finished.append(s)
                     break
+            # Only proposals that reach the output count as accepted (a stop, EOS or length cut drops the rest).
+            s.counters.accepted_tokens += min(acc, kept[r])
+        self._cache.keep_new(start_slot, torch.tensor(kept))
         dt = time.perf_counter() - t0
         if self.record_steps:
             self.step_seconds.append((b, width, dt))
@@ -502,21 +630,32 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             self._cache.compact()
 
     def _append(self, s: _Seq, tok: int) -> bool:
-        """Append one token; returns True when the sequence is finished."""
+        """Append one token; returns True when the sequence is finished.
+
+        Stop strings are looked for in the decoded tail only: the last tokens whose text is longer than the
+        longest stop string (a stop completed by this token lies inside it), never the whole text again, and
+        never before the last completed stop (``stop_count``).
+        """
         s.tokens.append(tok)
         n_gen = len(s.tokens) - s.n_prompt
         if tok in self._eos:
             s.finish = "eos"
             return True
-        if s.req.stop:
-            before = len(s.text)
-            s.text = self.decode(s.generated)
-            lo = max(0, before - max(len(x) for x in s.req.stop) - 4)
-            window = s.text[lo:]
-            if any(x in window for x in s.req.stop):
-                s.finish = "stop"
-                return True
-        if n_gen >= s.req.max_new_tokens or len(s.tokens) >= self._context:
+        since = n_gen - (s.stop_offsets[-1] if s.stop_offsets else 0)  # tokens since the last completed stop
+        if s.stop_chars:
+            n = min(since, s.stop_chars + 1)
+            tail = self.decode(s.tokens[-n:])
+            while len(tail) <= s.stop_chars and n < since:  # tokens that decode to little or nothing
+                n = min(since, 2 * n)
+                tail = self.decode(s.tokens[-n:])
+            if any(x in tail for x in s.req.stop):
+                s.stop_offsets.append(n_gen)
+                if len(s.stop_offsets) >= s.req.stop_count:
+                    s.finish = "stop"
+                    return True
+                since = 0
+        cap = s.req.max_tokens_per_stop
+        if n_gen >= s.req.max_new_tokens or len(s.tokens) >= self._context or (cap is not None and since >= cap):
             s.finish = "length"
             return True
         return False
@@ -541,9 +680,18 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self.stats.drafted_tokens += s.counters.drafted_tokens
         self.stats.accepted_tokens += s.counters.accepted_tokens
         res = GenerationResult(list(gen), self.decode(gen), s.finish or "length", s.counters,
-                               torch.cat(s.probs) if s.probs else None)
+                               torch.cat(s.probs) if s.probs else None, list(s.stop_offsets))
         g = s.group
         g.results[s.index] = res
         g.remaining -= 1
+        if not g.items[s.index].done():
+            g.items[s.index].set_result(res)
         if g.remaining == 0 and not g.future.done():
             g.future.set_result(g.results)
+
+
+def _fail(group: _Group, exc: Exception) -> None:
+    """Fail a group's unfinished requests and the group itself."""
+    for f in group.items + [group.future]:
+        if not f.done():
+            f.set_exception(exc)

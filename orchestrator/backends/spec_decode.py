@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -31,8 +32,11 @@ from .base import SamplingParams
 def ngram_propose(tokens: list[int], k: int, lookup_max: int, lookup_min: int) -> list[int]:
     """Prompt-lookup proposal (vLLM's ``ngram`` method; Saxena 2023, "Prompt Lookup Decoding").
 
-    Tries suffix lengths ``n = lookup_max .. lookup_min``: finds the most recent earlier occurrence of the
-    last ``n`` tokens and proposes the up to ``k`` tokens that followed it.
+    Tries suffix lengths ``n = lookup_max .. lookup_min``: among the earlier occurrences of the last ``n``
+    tokens it takes the most recent one followed by ``k`` tokens and proposes them. When no occurrence is
+    followed by ``k`` tokens (on repetitive text the most recent one overlaps the suffix itself, so only a
+    token or two follow it) it takes the one followed by the most, as transformers' prompt lookup and vLLM's
+    n-gram proposer fall back to an earlier match instead of wasting the slots.
 
     Args:
         tokens: the whole sequence so far (prompt + generated), token ids.
@@ -41,16 +45,20 @@ def ngram_propose(tokens: list[int], k: int, lookup_max: int, lookup_min: int) -
         list of 0..k proposed token ids.
     """
     length = len(tokens)
+    if length < 2:
+        return []
+    arr = np.asarray(tokens, dtype=np.int64)
     for n in range(min(lookup_max, length - 1), lookup_min - 1, -1):
-        suffix = tokens[length - n:]
-        first = suffix[0]
-        # Search backwards for the most recent match that is not the suffix itself.
-        for start in range(length - n - 1, -1, -1):
-            if tokens[start] == first and tokens[start:start + n] == suffix:
-                follow = tokens[start + n:start + n + k]
-                if follow:
-                    return list(follow)
-                break
+        # match[s]: tokens[s:s+n] equals the suffix, for every start before the suffix itself.
+        match = arr[: length - n] == arr[length - n]
+        for i in range(1, n):
+            match &= arr[i: length - n + i] == arr[length - n + i]
+        starts = np.flatnonzero(match)
+        if starts.size == 0:
+            continue
+        full = starts[starts <= length - n - k]
+        start = int(full[-1]) if full.size else int(starts[0])
+        return arr[start + n: start + n + k].tolist()
     return []
 
 
@@ -80,6 +88,23 @@ def target_probs(logits: torch.Tensor, warpers: LogitsProcessorList) -> torch.Te
     """
     placeholder = torch.zeros((logits.shape[0], 1), dtype=torch.long)
     return torch.softmax(warpers(placeholder, logits.float()), dim=-1)
+
+
+def greedy_accepted(proposals: torch.Tensor, real: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+    """Greedy verification of a whole batch at once: how many leading proposals of each row equal the
+    target's argmax (so greedy SD output is identical to plain greedy decoding).
+
+    Args:
+        proposals: ``[rows, k]`` long, proposed ids (padding anywhere past a row's own proposals).
+        real: ``[rows, k]`` bool, which entries are proposals.
+        best: ``[rows, k]`` long, the target's argmax at the positions the proposals fill.
+    Returns:
+        ``[rows]`` long, accepted proposals per row (the correction or bonus token is ``best`` at that index).
+    """
+    if proposals.shape[1] == 0:
+        return torch.zeros(proposals.shape[0], dtype=torch.long)
+    hit = (proposals == best) & real
+    return hit.long().cumprod(dim=1).sum(dim=1)
 
 
 @dataclass

@@ -20,10 +20,10 @@ from concurrent.futures import Executor
 from typing import Sequence
 
 from ..serving.protocol import arrays_to_results, requests_to_arrays
-from .base import GenerationRequest, GenerationResult
+from .base import GenerationRequest, GenerationResult, check_stop_fields
 from .tokenizer import TokenizerAccess
 
-OUTPUTS = ["output_ids", "output_lengths", "text_output", "finish_reason", "counters"]
+OUTPUTS = ["output_ids", "output_lengths", "text_output", "finish_reason", "counters", "stop_offsets"]
 
 
 def _exec_all(req) -> list:
@@ -40,6 +40,8 @@ class TritonBLSEngine(TokenizerAccess):
         timeout_s: per-call timeout passed to Triton (None: no timeout).
         executor: threads that run the blocking BLS calls (None: the event loop's default executor, which asyncio
             sizes min(32, cores + 4)).
+        supports_stop_count: the role model's engine honours ``GenerationRequest.stop_count > 1`` (the portable
+            engine does); otherwise such requests are refused here.
 
     Raises:
         ImportError: outside a Triton Python-backend process (``triton_python_backend_utils`` missing).
@@ -48,13 +50,14 @@ class TritonBLSEngine(TokenizerAccess):
     name = "triton-bls"
 
     def __init__(self, model_name: str, checkpoint: str, timeout_s: float | None = None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, supports_stop_count: bool = False) -> None:
         import triton_python_backend_utils as pb_utils  # noqa: F401 - fails clearly outside Triton
 
         self._pb = pb_utils
         self.model_name = model_name
         self.timeout_s = timeout_s
         self.executor = executor
+        self.supports_stop_count = supports_stop_count
         self._load_tokenizer(checkpoint)
         self.in_flight = 0
 
@@ -70,9 +73,11 @@ class TritonBLSEngine(TokenizerAccess):
             RuntimeError: the role model answered with an error (its message is kept).
         """
         pb = self._pb
+        for r in requests:
+            check_stop_fields(r, multi_stop=self.supports_stop_count)
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
-            groups.setdefault((r.stop, r.spec), []).append(i)
+            groups.setdefault((r.stop, r.spec, r.stop_count, r.max_tokens_per_stop), []).append(i)
         out: list[GenerationResult | None] = [None] * len(requests)
         self.in_flight += len(requests)
         try:

@@ -24,6 +24,8 @@ _ROLE_INPUTS = [
     ("top_k", "TYPE_INT32", "[ -1 ]"),
     ("seed", "TYPE_INT64", "[ -1 ]"),
     ("spec_decode", "TYPE_STRING", "[ 1 ]"),
+    ("stop_count", "TYPE_INT32", "[ 1 ]"),
+    ("max_tokens_per_stop", "TYPE_INT32", "[ 1 ]"),
 ]
 _ROLE_OUTPUTS = [
     ("output_ids", "TYPE_INT32", "[ -1, -1 ]"),
@@ -31,6 +33,7 @@ _ROLE_OUTPUTS = [
     ("text_output", "TYPE_STRING", "[ -1 ]"),
     ("finish_reason", "TYPE_STRING", "[ -1 ]"),
     ("counters", "TYPE_STRING", "[ -1 ]"),
+    ("stop_offsets", "TYPE_STRING", "[ -1 ]"),
 ]
 _LR_INPUTS = [
     ("text_input", "TYPE_STRING", "[ 1 ]"),

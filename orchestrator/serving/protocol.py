@@ -15,6 +15,8 @@ input                      dtype    shape       meaning
 ``top_p`` / ``top_k``      FP32/I32 [n]         nucleus mass / top-k (optional)
 ``seed``                   INT64    [n]         RNG seed, -1 = none (optional)
 ``spec_decode``            BYTES    [1]         JSON of SpecDecodeConfig (optional)
+``stop_count``             INT32    [1]         finish at the k-th completed stop string (optional, 1)
+``max_tokens_per_stop``    INT32    [1]         length cap after the last completed stop (optional)
 =========================  =======  ==========  =====================================================
 
 =========================  =======  ==========  =====================================================
@@ -25,6 +27,7 @@ output                     dtype    shape       meaning
 ``text_output``            BYTES    [n]         decoded new text
 ``finish_reason``          BYTES    [n]         stop / eos / length / cancelled
 ``counters``               BYTES    [n]         JSON of GenerationCounters
+``stop_offsets``           BYTES    [n]         JSON list: new-token count at each completed stop string
 =========================  =======  ==========  =====================================================
 
 The ``lookahead_reasoning`` model follows Triton's LLM backends (names as in the vLLM backend):
@@ -67,8 +70,9 @@ def requests_to_arrays(requests: Sequence[GenerationRequest]) -> dict[str, np.nd
     if not requests:
         raise ValueError("requests: empty call")
     stop, spec = requests[0].stop, requests[0].spec
-    if any(r.stop != stop or r.spec != spec for r in requests):
-        raise ValueError("requests: one call must share stop strings and spec settings")
+    limits = (requests[0].stop_count, requests[0].max_tokens_per_stop)
+    if any(r.stop != stop or r.spec != spec or (r.stop_count, r.max_tokens_per_stop) != limits for r in requests):
+        raise ValueError("requests: one call must share stop strings, stop limits and spec settings")
     n, width = len(requests), max(len(r.prompt_ids) for r in requests)
     ids = np.full((n, width), -1, dtype=np.int32)
     for i, r in enumerate(requests):
@@ -90,6 +94,10 @@ def requests_to_arrays(requests: Sequence[GenerationRequest]) -> dict[str, np.nd
         arrays["spec_decode"] = _bytes([spec.model_dump_json()])
     if stop:
         arrays["stop"] = _bytes(stop)
+    if limits[0] != 1:
+        arrays["stop_count"] = np.array([limits[0]], dtype=np.int32)
+    if limits[1] is not None:
+        arrays["max_tokens_per_stop"] = np.array([limits[1]], dtype=np.int32)
     return arrays
 
 
@@ -134,11 +142,15 @@ def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
     stop = tuple(_str(s) for s in stop_arr.reshape(-1)) if stop_arr is not None else ()
     spec_arr = get("spec_decode")
     spec = SpecDecodeConfig.model_validate_json(_str(spec_arr.reshape(-1)[0])) if spec_arr is not None else _DEFAULT_SPEC
+    count_arr, cap_arr = get("stop_count"), get("max_tokens_per_stop")
+    stop_count = int(count_arr.reshape(-1)[0]) if count_arr is not None else 1
+    per_stop = int(cap_arr.reshape(-1)[0]) if cap_arr is not None else None
     out = []
     for i in range(n):
         sampling = SamplingParams(temperature=temperature[i], top_p=top_p[i], top_k=top_k[i],
                                   seed=None if seed[i] < 0 else seed[i])
-        out.append(GenerationRequest(prompts[i], max_tokens[i], stop, sampling, spec))
+        out.append(GenerationRequest(prompts[i], max_tokens[i], stop, sampling, spec, stop_count=stop_count,
+                                     max_tokens_per_stop=per_stop))
     return out
 
 
@@ -153,17 +165,20 @@ def results_to_arrays(results: Sequence[GenerationResult]) -> dict[str, np.ndarr
         "text_output": _bytes([r.text for r in results]),
         "finish_reason": _bytes([r.finish_reason for r in results]),
         "counters": _bytes([json.dumps(asdict(r.counters)) for r in results]),
+        "stop_offsets": _bytes([json.dumps(r.stop_offsets) for r in results]),
     }
 
 
 def arrays_to_results(get) -> list[GenerationResult]:
     ids, lengths = get("output_ids"), get("output_lengths")
     texts, reasons, counters = get("text_output"), get("finish_reason"), get("counters")
+    offsets = get("stop_offsets")
     out = []
     for i in range(ids.shape[0]):
         n = int(lengths[i])
         out.append(GenerationResult(
             [int(t) for t in ids[i, :n]], _str(texts[i]), _str(reasons[i]),  # type: ignore[arg-type]
             GenerationCounters(**json.loads(_str(counters[i]))),
+            stop_offsets=json.loads(_str(offsets[i])) if offsets is not None else [],
         ))
     return out

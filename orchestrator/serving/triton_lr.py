@@ -148,7 +148,9 @@ class LookaheadReasoningModel:
         p = self.profile
         self.pool = ThreadPoolExecutor(int(params.get("bls_threads") or 64), thread_name_prefix="lr-bls")
         target = TritonBLSEngine("target", str(p.target.resolved_path()), timeout, self.pool)
-        draft = TritonBLSEngine("draft", str(p.draft.resolved_path()), timeout, self.pool) if p.draft else None
+        # the draft's chain of a cycle in one call where the role model's engine can stop at the k-th delimiter
+        draft = TritonBLSEngine("draft", str(p.draft.resolved_path()), timeout, self.pool,
+                                supports_stop_count=p.draft.runtime == "portable") if p.draft else None
         judge = TritonBLSEngine("judge", str(p.judge.resolved_path()), timeout, self.pool) if p.judge else None
         timeouts = {k: float(params[k]) for k in ("judge_timeout_s", "draft_timeout_s", "target_timeout_s")
                     if float(params.get(k) or 0) > 0}

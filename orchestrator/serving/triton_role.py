@@ -26,6 +26,12 @@ def load_model_profile(params: dict[str, str]):
     return load_profile(params.get("profile") or None, params.get("profile_config") or None)
 
 
+def engine_dtype(engine) -> str:
+    """The dtype an engine computes in (``dtype: auto`` resolved), or ``unknown`` for backends that do not say."""
+    choice = getattr(engine, "dtype_choice", None)
+    return choice.dtype if choice is not None else "unknown"
+
+
 class RoleModel:
     """``TritonPythonModel`` for a role model (import it as that name in ``model.py``)."""
 
@@ -52,8 +58,10 @@ class RoleModel:
             pb_utils.MetricFamily("lr_engine_active_sequences", "sequences queued or running in the role's engine", gauge),
             pb_utils.MetricFamily("lr_engine_prefix_cache_bytes", "bytes held by the role's prefix KV cache", gauge),
             pb_utils.MetricFamily("lr_engine_cancelled_total", "engine calls cancelled by their caller", counter),
+            pb_utils.MetricFamily("lr_engine_dtype_info", "1, labelled with the dtype the role's engine runs in", gauge),
         ]
-        self._active, self._cache_bytes, self._cancelled = (f.Metric(labels=labels) for f in self._families)
+        self._active, self._cache_bytes, self._cancelled = (f.Metric(labels=labels) for f in self._families[:3])
+        self._families[3].Metric(labels={**labels, "dtype": engine_dtype(self.engine)}).set(1)
 
     def _observe(self) -> None:
         self._active.set(getattr(self.engine, "active_sequences", 0))
