@@ -346,3 +346,17 @@ def test_stop_count_equals_chained_calls(engines, spec):
     assert capped.finish_reason in ("length", "eos") and len(capped.token_ids) <= 5 + spec.num_speculative_tokens
     with pytest.raises(ValueError, match="stop_count"):
         target.generate([GenerationRequest(ids, 8, stop_count=2)])
+
+
+def test_heuristic_schedule_narrows_failing_proposals(engines, reference):
+    """transformers' heuristic schedule: failing n-gram proposals shrink to one slot, so forwards get narrower
+    than with the constant schedule, and the output is the same (greedy)."""
+    target, _ = engines
+    const = SpecDecodeConfig(method="ngram", num_speculative_tokens=6, prompt_lookup_max=2, schedule="constant")
+    heur = const.model_copy(update={"schedule": "heuristic"})
+    a = target.generate(_reqs(reference, const))
+    b = target.generate(_reqs(reference, heur))
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    wide = sum(r.counters.drafted_tokens for r in a)
+    narrow = sum(r.counters.drafted_tokens for r in b)
+    assert narrow < wide

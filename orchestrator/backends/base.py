@@ -49,12 +49,20 @@ class SpecDecodeConfig(BaseModel):
     ``num_speculative_tokens`` tokens. Proposals are verified in one target forward; greedy output is
     identical to plain decoding and sampled output follows the target distribution (speculative
     rejection sampling, Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
+
+    ``schedule`` sets how many of the ``num_speculative_tokens`` slots a sequence uses at each step, as
+    transformers' ``num_assistant_tokens_schedule``: ``constant`` always all of them; ``heuristic`` (default)
+    starts at all of them, adds 2 after a step whose proposals were all accepted and drops 1 (to no fewer than
+    1) after one with a rejection. A forward's width is its widest row's, so proposals that keep failing (the
+    n-gram proposer on text that does not repeat) would otherwise widen every forward for nothing. The schedule
+    depends only on past acceptances, so outputs stay exact (greedy) or target-distributed (sampling).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     method: Literal["none", "ngram", "draft_model"] = "none"
     num_speculative_tokens: int = Field(0, ge=0, le=64)
+    schedule: Literal["heuristic", "constant"] = "heuristic"
     prompt_lookup_max: int = Field(2, ge=1)
     prompt_lookup_min: int = Field(1, ge=1)
 

@@ -176,6 +176,7 @@ class _Seq:
     finish: str | None = None
     cancelled: bool = False
     stop_offsets: list[int] = field(default_factory=list)  # generated-token counts at each completed stop
+    spec_k: int = 0  # speculative slots this sequence uses next (SpecDecodeConfig.schedule)
     collect_probs: bool = False
     probs: list = field(default_factory=list)
 
@@ -318,6 +319,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         group.seqs = seqs
         for s in seqs:
             s.stop_chars = max((len(x) for x in s.req.stop), default=0)
+            s.spec_k = s.req.spec.num_speculative_tokens
             s.collect_probs = collect_probs and not s.req.sampling.greedy
             s.warpers = make_warpers(s.req.sampling)
             if not s.req.sampling.greedy:
@@ -552,7 +554,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             if not spec.enabled or s.collect_probs:
                 continue
             room = min(
-                spec.num_speculative_tokens,
+                s.spec_k,
                 s.req.max_new_tokens - len(s.generated) - 1,
                 self._context - len(s.tokens) - 1,
             )
@@ -628,6 +630,9 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             s.counters.forward_passes += 1
             s.counters.forward_positions += width
             s.counters.drafted_tokens += k
+            if k and s.req.spec.schedule == "heuristic":  # transformers' num_assistant_tokens_schedule
+                full = s.req.spec.num_speculative_tokens
+                s.spec_k = min(full, s.spec_k + 2) if acc == k else max(1, s.spec_k - 1)
             for tok in tokens:
                 kept[r] += 1
                 if self._append(s, tok):
