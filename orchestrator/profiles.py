@@ -106,8 +106,11 @@ def build_reasoner(profile: Profile, need_draft: bool = True, need_judge: bool =
     from .lookahead import LookaheadReasoner
 
     draft = make_engine(profile.draft) if (need_draft and profile.draft) else None
-    judge = make_engine(profile.judge) if (need_judge and profile.judge) else None
     target = make_engine(profile.target, draft_engine=draft)
+    # A judge that is the target's own model shares its engine: one copy of the weights, and one multi-threaded
+    # torch pool per process (a second one slows the first: see backends.portable).
+    same = profile.judge is not None and profile.judge == profile.target
+    judge = (target if same else make_engine(profile.judge)) if (need_judge and profile.judge) else None
     return LookaheadReasoner(target, draft, judge, defaults=profile.options)
 
 
