@@ -244,7 +244,7 @@ class LlamaCppPeer:
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` (no BOS / special tokens added)."""
-        L, ctypes = llama_cpp, self._ctypes
+        L = llama_cpp
         raw = text.encode()
         buf = (L.llama_token * (len(raw) + 8))()
         n = L.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), False, False)

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,12 +25,7 @@ import time
 from pathlib import Path
 
 from lookahead_reasoning.answers import check_answer, load_items
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from lookahead_reasoning.serving.server import free_port
 
 
 def start_server(profile: str, log_path: Path, timeout_s: float = 600.0):

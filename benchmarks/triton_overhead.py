@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import sys
 import time
@@ -26,13 +25,8 @@ from lookahead_reasoning.answers import load_items
 from lookahead_reasoning.lookahead import with_overrides
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 from lookahead_reasoning.serving.client import TritonLRClient
-from lookahead_reasoning.serving.server import ServerConfig, TritonServer, prepare_repository
+from lookahead_reasoning.serving.server import ServerConfig, TritonServer, free_port, prepare_repository
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> int:

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import sys
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _run(client, items, mode: str, console, show: bool):
@@ -58,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .answers import load_items
     from .serving.client import TritonLRClient
-    from .serving.server import ServerConfig, TritonServer, prepare_repository
+    from .serving.server import ServerConfig, TritonServer, free_port, prepare_repository
 
     p = argparse.ArgumentParser(prog="lookahead_reasoning.demo", description=__doc__)
     p.add_argument("--profile", default="demo")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from lookahead_reasoning.serving.server import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "engines" / "demo"
 
@@ -79,13 +81,6 @@ GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k_test_head20.jso
 def gsm8k_path() -> Path:
     return GSM8K_SAMPLE
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

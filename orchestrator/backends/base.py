@@ -284,7 +284,3 @@ class FutureEngineMixin:
             self.cancel(fut)
             raise
 
-
-def run_sync(coro):
-    """Run ``coro`` to completion from synchronous code (fails inside a running event loop)."""
-    return asyncio.run(coro)
