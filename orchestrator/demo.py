@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(name, f"{r['correct']}/{r['n']}", f"{tps:.1f}", f"{tps / base:.2f}x" if base else "n/a", acc)
     console.print(table)
     console.print("On the demo trio on a CPU, lr+sd is slower than ar (a cycle yields ~1.6 steps and costs more than "
-                  "that in target time): the measured reasons are in benchmarks/RESULTS.md, issue-4 section.",
+                  "that in target time): the measured reasons are in benchmarks/RESULTS.md, issue-4 and issue-18 "
+                  "sections.",
                   style="dim")
     return 0
 
