@@ -360,3 +360,34 @@ def test_heuristic_schedule_narrows_failing_proposals(engines, reference):
     wide = sum(r.counters.drafted_tokens for r in a)
     narrow = sum(r.counters.drafted_tokens for r in b)
     assert narrow < wide
+
+
+def test_start_requests_without_per_request_results_is_one_call(engines, reference):
+    """A backend without ``start`` (Triton BLS, OpenAI HTTP) runs the group as ONE agenerate call: every result
+    arrives together, and the group is cancelled only when all its unfinished requests are."""
+    from lookahead_reasoning.backends.base import start_requests
+
+    target, _ = engines
+
+    class OneCall:  # the real engine seen through agenerate only
+        def __init__(self):
+            self.calls = 0
+
+        async def agenerate(self, requests):
+            self.calls += 1
+            return await target.agenerate(requests)
+
+    async def main():
+        eng = OneCall()
+        group = start_requests(eng, _reqs(reference))
+        group.cancel([1])  # not every request: no effect
+        done = [await f for f in group.results]
+        calls = eng.calls
+        stopped = start_requests(eng, _reqs(reference))
+        stopped.cancel(range(len(reference)))
+        return calls, done, [await f for f in stopped.results]
+
+    calls, done, stopped = asyncio.run(main())
+    assert calls == 1
+    assert [r.token_ids for r in done] == [_truncate_at_eos(target, ref) for _, ref in reference]
+    assert all(r.finish_reason == "cancelled" for r in stopped)

@@ -208,25 +208,39 @@ class RequestGroup:
 def start_requests(engine: "Engine", requests: Sequence[GenerationRequest]) -> RequestGroup:
     """Start ``requests`` on ``engine`` as a :class:`RequestGroup` (call from a running event loop).
 
-    Backends with their own ``start`` (the portable engine: one group in one in-flight batch, per-request
-    cancellation) use it; for the others each request becomes its own ``agenerate`` task, cancelled by
-    cancelling the task.
+    Backends with their own ``start`` (the portable engine: one group in one in-flight batch, per-request results
+    and cancellation) use it. For the others the group is ONE ``agenerate`` call, as without a group (over BLS one
+    call is one round trip; a call per request would multiply them and the calls in flight): every result arrives
+    when the call ends, and cancelling takes effect only once every unfinished request is cancelled.
 
     Raises:
-        ValueError: an invalid request (from the backend's own ``start``; otherwise from the first task).
+        ValueError: an invalid request (from the backend's own ``start``; otherwise from the futures).
     """
     start = getattr(engine, "start", None)
     if callable(start):
         return start(requests)
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(engine.agenerate(list(requests)))
+    futures = [loop.create_future() for _ in requests]
 
-    async def one(req: GenerationRequest) -> GenerationResult:
-        try:
-            return (await engine.agenerate([req]))[0]
-        except asyncio.CancelledError:
-            return GenerationResult([], "", "cancelled")
+    def deliver(t: asyncio.Task) -> None:
+        for i, f in enumerate(futures):
+            if f.done():
+                continue
+            if t.cancelled():
+                f.set_result(GenerationResult([], "", "cancelled"))
+            elif t.exception() is not None:
+                f.set_exception(t.exception())
+            else:
+                f.set_result(t.result()[i])
 
-    tasks = [asyncio.ensure_future(one(r)) for r in requests]
-    return RequestGroup(tasks, lambda idx: [tasks[i].cancel() for i in idx])
+    task.add_done_callback(deliver)
+
+    def cancel(indices: Sequence[int]) -> None:
+        if set(indices) >= {i for i, f in enumerate(futures) if not f.done()}:
+            task.cancel()
+
+    return RequestGroup(futures, cancel)
 
 
 @runtime_checkable
