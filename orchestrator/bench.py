@@ -347,12 +347,9 @@ def register(subparsers) -> None:
 
 def config_from_args(args) -> BenchConfig:
     """Validate the ``bench`` flags (``ValueError`` naming the flag)."""
-    from .lookahead import MODES
+    from .lookahead import parse_modes
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ValueError(f"--modes: unknown mode {bad[0] if bad else '(none)'!r} (choose from {', '.join(MODES)})")
+    modes = parse_modes(args.modes)
     if args.requests <= 0:
         raise ValueError("--requests: must be > 0")
     if args.max_tokens is not None and args.max_tokens <= 0:

@@ -118,15 +118,12 @@ def cmd_eval(args) -> int:
                              WARMUP_REQUESTS, gamma_row,
                              load_average, load_with_spare, measurement_block, plot_eval, report_json, run_interleaved,
                              sweep_options, uses_chat_template, write_json)
-    from .lookahead import MODES
+    from .lookahead import parse_modes
     from .profiles import close_reasoner, load_profile
 
     load_start = load_average()  # before this process loads the CPU: the 1-minute average counts it too
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ValueError(f"modes: unknown mode {bad[0] if bad else '(none)'!r} (choose from {', '.join(MODES)})")
+    modes = parse_modes(args.modes)
     if args.limit is not None and args.limit <= 0:
         raise ValueError("--limit: must be > 0")
     gammas = parse_gammas(args.gamma)

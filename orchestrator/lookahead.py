@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Literal, Sequence
+from typing import AsyncIterator, Literal, Sequence, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -43,7 +43,20 @@ from .steps import Step, StepConfig
 from .verifiers import VerifierConfig, Verifier, make_verifier, timed_verify
 
 Mode = Literal["ar", "sd", "lr", "lr+sd"]
-MODES: tuple[str, ...] = ("ar", "sd", "lr", "lr+sd")
+MODES: tuple[str, ...] = get_args(Mode)
+
+
+def parse_modes(text: str, flag: str = "--modes") -> list[str]:
+    """``"ar,lr+sd"`` -> ``["ar", "lr+sd"]`` (blanks dropped, order kept).
+
+    Raises:
+        ValueError: an unknown mode or none at all, naming ``flag``.
+    """
+    modes = [m.strip() for m in str(text).split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"{flag}: unknown mode {bad[0] if bad else '(none)'!r} (choose from {', '.join(MODES)})")
+    return modes
 
 # Reference defaults (docs/design.md section 1.9): n-gram SD with 6 speculative tokens and prompt_lookup_max 2.
 DEFAULT_SD = SpecDecodeConfig(method="ngram", num_speculative_tokens=6, prompt_lookup_max=2)

@@ -20,7 +20,7 @@ import random as _random
 import re
 import time
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol, Sequence, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,7 +29,7 @@ from .judge_prompt import build_judge_ids, verdict_token_ids
 from .steps import Step
 
 JudgeName = Literal["exact", "normalized", "numeric", "embedding", "llm", "random"]
-JUDGES: tuple[str, ...] = ("exact", "normalized", "numeric", "embedding", "llm", "random")
+JUDGES: tuple[str, ...] = get_args(JudgeName)
 
 
 @dataclass(frozen=True)
