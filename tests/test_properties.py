@@ -12,7 +12,7 @@ from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams,
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.lookahead import LROptions
 from lookahead_reasoning.profiles import Profile
-from lookahead_reasoning.serving.protocol import arrays_to_requests, requests_to_arrays
+from lookahead_reasoning.backends.role_tensors import arrays_to_requests, requests_to_arrays
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**7), st.floats(allow_nan=True),
                    st.text(max_size=8), st.lists(st.text(max_size=3), max_size=3))

@@ -9,7 +9,7 @@ Not ``async_exec``: in the python_backend this project's Triton bundles, its exe
 dangling reference to the stub (a use-after-free fixed upstream in triton-inference-server/python_backend
 PR #439, June 2026), the likely cause of the glibc heap corruption the orchestrator's stub showed here under
 concurrent load with ``async_exec``; and iterating a decoupled response iterator on the event loop thread
-would block the loop. Tensor layout: :mod:`lookahead_reasoning.serving.protocol`. Only importable inside a
+would block the loop. Tensor layout: :mod:`.role_tensors`. Only importable inside a
 Triton Python-backend process.
 """
 
@@ -19,7 +19,7 @@ import asyncio
 from concurrent.futures import Executor
 from typing import Sequence
 
-from ..serving.protocol import arrays_to_results, requests_to_arrays
+from .role_tensors import arrays_to_results, requests_to_arrays
 from .base import GenerationRequest, GenerationResult, check_stop_fields
 from .tokenizer import TokenizerAccess
 

@@ -3,7 +3,7 @@
 Each role model is a decoupled Python-backend model with ``async def execute``, hosting ONE engine built from
 the profile's :class:`~lookahead_reasoning.profiles.ModelSpec` for its role (portable PyTorch/transformers or
 TensorRT-LLM). Concurrent requests are awaited side by side, so the engine's scheduler batches them in flight.
-A cancelled request cancels its engine work. Tensors: :mod:`lookahead_reasoning.serving.protocol`.
+A cancelled request cancels its engine work. Tensors: :mod:`lookahead_reasoning.backends.role_tensors`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from .protocol import arrays_to_requests, results_to_arrays
+from ..backends.role_tensors import arrays_to_requests, results_to_arrays
 
 
 def model_parameters(args: dict) -> dict[str, str]:

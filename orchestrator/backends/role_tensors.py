@@ -1,0 +1,179 @@
+"""Tensor codec of the Triton role models (pure numpy): an engine call as tensors and back.
+
+Used by the role models (``lookahead_reasoning.serving.triton_role``) and by the BLS backend that calls them
+(:mod:`.triton_bls`), so it lives with the backends. The ``lookahead_reasoning`` model's own inputs are in
+:mod:`lookahead_reasoning.serving.protocol`.
+
+Role models (``draft``, ``target``, ``judge``) take one engine call: ``n`` sequences as a padded id matrix (or
+texts) plus the request fields as tensors, and return ``n`` results.
+
+=========================  =======  ==========  =====================================================
+input                      dtype    shape       meaning
+=========================  =======  ==========  =====================================================
+``input_ids``              INT32    [n, L]      prompt ids, right-padded with -1 (or ``text_input``)
+``input_lengths``          INT32    [n]         prompt lengths
+``text_input``             BYTES    [n]         prompt texts (encoded by the model's tokenizer)
+``max_tokens``             INT32    [n]         max new tokens per sequence
+``stop``                   BYTES    [k]         stop strings (shared by the n sequences; optional)
+``temperature``            FP32     [n]         0 = greedy (optional)
+``top_p`` / ``top_k``      FP32/I32 [n]         nucleus mass / top-k (optional)
+``seed``                   INT64    [n]         RNG seed, -1 = none (optional)
+``spec_decode``            BYTES    [1]         JSON of SpecDecodeConfig (optional)
+``stop_count``             INT32    [1]         finish at the k-th completed stop string (optional, 1)
+``max_tokens_per_stop``    INT32    [1]         length cap after the last completed stop (optional)
+=========================  =======  ==========  =====================================================
+
+=========================  =======  ==========  =====================================================
+output                     dtype    shape       meaning
+=========================  =======  ==========  =====================================================
+``output_ids``             INT32    [n, M]      new ids, right-padded with -1
+``output_lengths``         INT32    [n]         number of new ids
+``text_output``            BYTES    [n]         decoded new text
+``finish_reason``          BYTES    [n]         stop / eos / length / cancelled
+``counters``               BYTES    [n]         JSON of GenerationCounters
+``stop_offsets``           BYTES    [n]         JSON list: new-token count at each completed stop string
+=========================  =======  ==========  =====================================================
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Sequence
+
+import numpy as np
+
+from .base import GenerationCounters, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig
+
+_DEFAULT_SAMPLING, _DEFAULT_SPEC = SamplingParams(), SpecDecodeConfig()
+
+
+def _bytes(values: Sequence[str]) -> np.ndarray:
+    return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+
+
+def _str(x) -> str:
+    return x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else str(x)
+
+
+def requests_to_arrays(requests: Sequence[GenerationRequest]) -> dict[str, np.ndarray]:
+    """Encode an engine call (requests sharing stop strings and SD settings) as role-model inputs.
+
+    Raises:
+        ValueError: requests that differ in ``stop`` or ``spec`` (split the call first).
+    """
+    if not requests:
+        raise ValueError("requests: empty call")
+    stop, spec = requests[0].stop, requests[0].spec
+    limits = (requests[0].stop_count, requests[0].max_tokens_per_stop)
+    if any(r.stop != stop or r.spec != spec or (r.stop_count, r.max_tokens_per_stop) != limits for r in requests):
+        raise ValueError("requests: one call must share stop strings, stop limits and spec settings")
+    n, width = len(requests), max(len(r.prompt_ids) for r in requests)
+    ids = np.full((n, width), -1, dtype=np.int32)
+    for i, r in enumerate(requests):
+        ids[i, : len(r.prompt_ids)] = r.prompt_ids
+    arrays = {
+        "input_ids": ids,
+        "input_lengths": np.array([len(r.prompt_ids) for r in requests], dtype=np.int32),
+        "max_tokens": np.array([r.max_new_tokens for r in requests], dtype=np.int32),
+    }
+    # Optional inputs are sent only when they differ from the defaults the model applies: every tensor is
+    # one more shared-memory transfer per BLS call, and a greedy step call needs none of them.
+    if any(r.sampling != _DEFAULT_SAMPLING for r in requests):
+        arrays["temperature"] = np.array([r.sampling.temperature for r in requests], dtype=np.float32)
+        arrays["top_p"] = np.array([r.sampling.top_p for r in requests], dtype=np.float32)
+        arrays["top_k"] = np.array([r.sampling.top_k for r in requests], dtype=np.int32)
+        arrays["seed"] = np.array([-1 if r.sampling.seed is None else r.sampling.seed for r in requests],
+                                  dtype=np.int64)
+    if spec != _DEFAULT_SPEC:
+        arrays["spec_decode"] = _bytes([spec.model_dump_json()])
+    if stop:
+        arrays["stop"] = _bytes(stop)
+    if limits[0] != 1:
+        arrays["stop_count"] = np.array([limits[0]], dtype=np.int32)
+    if limits[1] is not None:
+        arrays["max_tokens_per_stop"] = np.array([limits[1]], dtype=np.int32)
+    return arrays
+
+
+def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
+    """Decode role-model inputs; ``get(name)`` returns the array or None; ``encode(text)`` tokenizes
+    ``text_input``. Raises ``ValueError`` naming the tensor for malformed inputs."""
+    ids, lengths, texts = get("input_ids"), get("input_lengths"), get("text_input")
+    if ids is not None:
+        if ids.ndim != 2:
+            raise ValueError(f"input_ids: expected shape [n, L], got {list(ids.shape)}")
+        if lengths is None:
+            lengths = np.array([int((row >= 0).sum()) for row in ids])
+        if lengths.shape != (ids.shape[0],):
+            raise ValueError("input_lengths: must have one length per row of input_ids")
+        prompts = [tuple(int(t) for t in row[: int(n)]) for row, n in zip(ids, lengths)]
+    elif texts is not None:
+        if encode is None:
+            raise ValueError("text_input: this model cannot encode text")
+        prompts = [tuple(encode(_str(t))) for t in texts.reshape(-1)]
+    else:
+        raise ValueError("input_ids: missing (give input_ids or text_input)")
+    n = len(prompts)
+
+    def per_seq(name, default, cast):
+        arr = get(name)
+        if arr is None:
+            return [default] * n
+        arr = arr.reshape(-1)
+        if arr.shape[0] == 1:
+            arr = np.repeat(arr, n)
+        if arr.shape[0] != n:
+            raise ValueError(f"{name}: expected {n} values, got {arr.shape[0]}")
+        return [cast(x) for x in arr]
+
+    max_tokens = per_seq("max_tokens", 16, int)
+    # the same defaults requests_to_arrays leaves out (one source: SamplingParams)
+    temperature = per_seq("temperature", _DEFAULT_SAMPLING.temperature, float)
+    top_p = per_seq("top_p", _DEFAULT_SAMPLING.top_p, float)
+    top_k = per_seq("top_k", _DEFAULT_SAMPLING.top_k, int)
+    seed = per_seq("seed", -1 if _DEFAULT_SAMPLING.seed is None else _DEFAULT_SAMPLING.seed, int)
+    stop_arr = get("stop")
+    stop = tuple(_str(s) for s in stop_arr.reshape(-1)) if stop_arr is not None else ()
+    spec_arr = get("spec_decode")
+    spec = SpecDecodeConfig.model_validate_json(_str(spec_arr.reshape(-1)[0])) if spec_arr is not None else _DEFAULT_SPEC
+    count_arr, cap_arr = get("stop_count"), get("max_tokens_per_stop")
+    stop_count = int(count_arr.reshape(-1)[0]) if count_arr is not None else 1
+    per_stop = int(cap_arr.reshape(-1)[0]) if cap_arr is not None else None
+    out = []
+    for i in range(n):
+        sampling = SamplingParams(temperature=temperature[i], top_p=top_p[i], top_k=top_k[i],
+                                  seed=None if seed[i] < 0 else seed[i])
+        out.append(GenerationRequest(prompts[i], max_tokens[i], stop, sampling, spec, stop_count=stop_count,
+                                     max_tokens_per_stop=per_stop))
+    return out
+
+
+def results_to_arrays(results: Sequence[GenerationResult]) -> dict[str, np.ndarray]:
+    n, width = len(results), max([len(r.token_ids) for r in results] + [1])
+    ids = np.full((n, width), -1, dtype=np.int32)
+    for i, r in enumerate(results):
+        ids[i, : len(r.token_ids)] = r.token_ids
+    return {
+        "output_ids": ids,
+        "output_lengths": np.array([len(r.token_ids) for r in results], dtype=np.int32),
+        "text_output": _bytes([r.text for r in results]),
+        "finish_reason": _bytes([r.finish_reason for r in results]),
+        "counters": _bytes([json.dumps(asdict(r.counters)) for r in results]),
+        "stop_offsets": _bytes([json.dumps(r.stop_offsets) for r in results]),
+    }
+
+
+def arrays_to_results(get) -> list[GenerationResult]:
+    ids, lengths = get("output_ids"), get("output_lengths")
+    texts, reasons, counters = get("text_output"), get("finish_reason"), get("counters")
+    offsets = get("stop_offsets")
+    out = []
+    for i in range(ids.shape[0]):
+        n = int(lengths[i])
+        out.append(GenerationResult(
+            [int(t) for t in ids[i, :n]], _str(texts[i]), _str(reasons[i]),  # type: ignore[arg-type]
+            GenerationCounters(**json.loads(_str(counters[i]))),
+            stop_offsets=json.loads(_str(offsets[i])) if offsets is not None else [],
+        ))
+    return out
