@@ -426,6 +426,18 @@ class _Run:
             seed = ((base.seed or 0) * 7919 + salt * 31 + c) % (2**63)
             s = SamplingParams(temperature=self.opts.draft_temperature, top_p=base.top_p, top_k=base.top_k, seed=seed)
             reqs.append(self._request(prefix, budget, self.opts.draft_sd, s))
+        results = await self._draft_call(reqs)
+        if results is None:
+            return None
+        steps = []
+        for r in results:
+            target_ids = r.token_ids if self.o.shared_tokenizer else self.o.target.encode(r.text)
+            steps.append(Step(r.text, list(target_ids), list(r.token_ids), r.finish_reason, "draft"))
+        self.m.drafted_steps += len(steps)
+        return steps
+
+    async def _draft_call(self, reqs: list[GenerationRequest]) -> list[GenerationResult] | None:
+        """One timed and accounted draft engine call; None if it failed (the request then goes target-only)."""
         t0 = time.perf_counter()
         try:
             results = await asyncio.wait_for(self.o.draft.agenerate(reqs), self.opts.draft_timeout_s)
@@ -438,12 +450,7 @@ class _Run:
         finally:
             self.m.draft_seconds += time.perf_counter() - t0
         self._account_draft(results)
-        steps = []
-        for r in results:
-            target_ids = r.token_ids if self.o.shared_tokenizer else self.o.target.encode(r.text)
-            steps.append(Step(r.text, list(target_ids), list(r.token_ids), r.finish_reason, "draft"))
-        self.m.drafted_steps += len(steps)
-        return steps
+        return results
 
     def _account_draft(self, results: list[GenerationResult]) -> None:
         """Count one draft call's work."""
@@ -464,18 +471,10 @@ class _Run:
         max_step = self.opts.step.max_step_tokens
         req = GenerationRequest(prefix, max(1, min(gamma * max_step, budget)), self.stops, self.opts.sampling,
                                 self.opts.draft_sd, stop_count=gamma, max_tokens_per_stop=max_step)
-        t0 = time.perf_counter()
-        try:
-            r = (await asyncio.wait_for(self.o.draft.agenerate([req]), self.opts.draft_timeout_s))[0]
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - a failing draft degrades the request to target-only
-            self.draft_ok = False
-            self.m.draft_failures += 1
+        results = await self._draft_call([req])
+        if results is None:
             return None
-        finally:
-            self.m.draft_seconds += time.perf_counter() - t0
-        self._account_draft([r])
+        r = results[0]
         bounds = [b for b in r.stop_offsets if b <= len(r.token_ids)]
         if not bounds or bounds[-1] < len(r.token_ids):
             bounds.append(len(r.token_ids))
