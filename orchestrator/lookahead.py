@@ -604,62 +604,43 @@ class _Run:
         All ``len(prefixes)`` branches run in one engine group (:func:`start_requests`); once all are done, the
         drafted step(s) of every depth are judged in one judge call and decided in depth order: the drafts up to
         the first rejection are committed, then ``t_j`` of that depth (or the bonus step if every draft holds).
-        The loop below can also judge branches as they finish and cancel deeper ones (the engine supports it),
-        but that is switched off: see the comment in the body. ``target_seconds`` counts the call's wall time.
+        ``target_seconds`` counts the call's wall time.
         """
         t0 = time.perf_counter()
         deadline = t0 + self.opts.target_timeout_s if self.opts.target_timeout_s else None
-        judge_before = self.m.judge_seconds
         group = start_requests(self.o.target, self._target_requests(prefixes, budgets))
-        results: list[GenerationResult | None] = [None] * len(prefixes)
-        events: list[StepEvent] = []
-        accepted, decided = 0, False  # decided: the cycle's output is settled before its bonus step
+        # All branches first: judging each as it finished (and cancelling deeper ones) was measured within noise
+        # (8.72 s against 8.89 s; branches end within a forward of each other) and made the judge's batches depend
+        # on timing, so a near-tie verdict of the llm judge could differ between runs and between in-process and
+        # served runs. Waiting keeps one deterministic judge call per cycle.
         try:
-            # All branches first: judging each as it finished (and cancelling deeper ones) was measured within noise
-            # here (8.72 s against 8.89 s; branches end within a forward of each other) and made the judge's batches
-            # depend on timing, so a near-tie verdict of the llm judge could differ between runs and between
-            # in-process and served runs. Waiting keeps one deterministic judge call per cycle.
-            for f in group.results:
-                await self._target_result(f, deadline)
-            j = 0
-            while j < len(prefixes) and not decided:
-                results[j] = await self._target_result(group.results[j], deadline)
-                # Branches j.. that are already done are judged together in one judge call.
-                ready = j + 1
-                while ready < min(len(prefixes), len(chain)) and group.results[ready].done():
-                    results[ready] = await self._target_result(group.results[ready], deadline)
-                    ready += 1
-                if j == len(chain):  # every draft accepted: the bonus step
-                    events.append(self._commit(self._step_of(results[j]), j))
-                    break
-                pairs = [(d, self._step_of(results[i]), i) for i in range(j, min(ready, len(chain)))
-                         for d in candidates[i] if d.complete]
-                verdicts = await self._verify([(t, d) for d, t, _ in pairs]) if pairs else []
-                ok = {id(d): v.accept for (d, _, _), v in zip(pairs, verdicts)}
-                for i in range(j, min(ready, len(chain))):
-                    hit = next((d for d in candidates[i] if ok.get(id(d))), None)
-                    if any(d.complete for d in candidates[i]):
-                        self.m.record_depth(i, hit is not None)
-                    if hit is None:
-                        events.append(self._commit(self._step_of(results[i]), i))
-                        decided = True
-                        break
-                    events.append(self._commit(hit, i))
-                    accepted += 1
-                    if self.finish or hit is not candidates[i][0]:
-                        decided = True  # the answer ended, or deeper branches followed another candidate
-                        break
-                j = min(ready, len(chain))
-        finally:
+            results = [await self._target_result(f, deadline) for f in group.results]
+        except BaseException:
             group.cancel(range(len(prefixes)))
-            for j, r in enumerate(results):
-                if r is None:
-                    try:
-                        results[j] = await self._target_result(group.results[j], None if deadline is None else deadline + 1)
-                    except Exception:  # noqa: BLE001 - the call already failed or was cut short
-                        results[j] = GenerationResult([], "", "cancelled")
-            self.m.target_seconds += time.perf_counter() - t0 - (self.m.judge_seconds - judge_before)
+            raise
+        finally:
+            self.m.target_seconds += time.perf_counter() - t0
         self._account_target(results)
+        depths = min(len(prefixes), len(chain))
+        pairs = [(i, d) for i in range(depths) for d in candidates[i] if d.complete]
+        verdicts = await self._verify([(self._step_of(results[i]), d) for i, d in pairs]) if pairs else []
+        ok = {id(d) for (_, d), v in zip(pairs, verdicts) if v.accept}
+        events: list[StepEvent] = []
+        accepted = 0
+        for i in range(depths):
+            hit = next((d for d in candidates[i] if id(d) in ok), None)
+            if any(d.complete for d in candidates[i]):
+                self.m.record_depth(i, hit is not None)
+            if hit is None:
+                events.append(self._commit(self._step_of(results[i]), i))
+                break
+            events.append(self._commit(hit, i))
+            accepted += 1
+            if self.finish or hit is not candidates[i][0]:
+                break  # the answer ended, or deeper branches followed another candidate
+        else:
+            if accepted < len(prefixes):  # every draft accepted: the bonus step
+                events.append(self._commit(self._step_of(results[accepted]), accepted))
         self._adapt(len(chain), accepted, gamma)
         return events
 
