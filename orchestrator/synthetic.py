@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Sequence
+
+from .steps import THINK_CLOSE
 
 __all__ = [
     "ANSWER_PREFIX",
@@ -40,13 +42,21 @@ __all__ = [
     "Computation",
     "Problem",
     "ProblemContext",
+    "STYLES",
+    "DEFAULT_STYLE",
+    "STEP_KINDS",
+    "TRACE_KINDS",
     "StepPair",
+    "StepSpec",
     "extract_answer",
     "generate_problems",
     "generate_step_pairs",
     "is_reserved_seed",
     "parse_step",
+    "inverse_computation",
+    "render_spec",
     "render_step",
+    "step_meaning",
     "step_style",
     "steps_equivalent",
 ]
@@ -65,6 +75,11 @@ MAX_STEPS = 8
 DIFFICULTIES = (1, 2, 3, 4, 5)
 #: The difficulty used for evaluation (and the default of :func:`generate_problems`).
 DEFAULT_DIFFICULTY = 2
+
+#: Solution styles: one computation per step, or a long reasoning trace (see :class:`Problem`).
+STYLES = ("short", "long")
+#: The style the shipped demo models (``engines/demo``) were trained on; ``eval --dataset synthetic`` uses it.
+DEFAULT_STYLE = "short"
 
 OPS = ("+", "-", "x", "/")
 COMMUTATIVE = frozenset({"+", "x"})
@@ -130,33 +145,74 @@ class ProblemContext:
 
 
 @dataclass(frozen=True)
+class StepSpec:
+    """What one solution step says, before it is worded (its meaning plus the words its frame needs).
+
+    Attributes:
+        kind: a computation kind (:data:`STEP_KINDS`: ``total``, ``part``, ``add``, ``sub``, ``scale``,
+            ``div``, ``change``) or a trace kind (:data:`TRACE_KINDS`: ``plan``, ``given``, ``check``,
+            ``summary``, ``conclude``, ``close``, ``final``).
+        computation: the arithmetic of a computation step, or the inverse computation a ``check`` writes.
+        value: the number a ``plan`` (changes to apply), ``summary``, ``conclude`` or ``final`` step states.
+        sentence: the question sentence a ``given`` step restates.
+        slots: extra frame words of ``part`` / ``div`` steps.
+    """
+
+    kind: str
+    computation: Computation | None = None
+    value: int | None = None
+    sentence: str = ""
+    slots: "_StepSlots" = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.slots is None:
+            object.__setattr__(self, "slots", _StepSlots())
+
+
+@dataclass(frozen=True)
 class Problem:
     """One generated word problem with its worked solution.
 
     Attributes:
         question: the problem text (str, one paragraph, ends with a question mark).
-        steps: list[str], one sentence per step, each WITHOUT the trailing ``"\\n\\n"``; 2 to 8 steps.
+        steps: list[str], the solution's steps before the ``"#### N"`` line, each WITHOUT the trailing
+            ``"\\n\\n"``. Style ``"short"``: one computation sentence per step (2 to 8 steps). Style
+            ``"long"``: a reasoning trace (plan, and per event: restated given, computation(s), check,
+            running summary; then a conclusion), the ``"</think>"`` step, and a one-sentence final answer.
         answer: int, the final answer (equals ``computations[-1].result``).
-        computations: tuple[Computation, ...], one per step, in order; each step's operands are numbers
-            from the question or earlier results.
-        kinds: tuple[str, ...], the step kind of each step (selects its sentence frames).
+        computations: tuple[Computation, ...], the problem's arithmetic in order; each one's operands are
+            numbers from the question or earlier results (checks are not included: see ``specs``).
+        specs: tuple[:class:`StepSpec`, ...], one per step: what each step says (re-worded by
+            :func:`render_spec`).
         difficulty: int in :data:`DIFFICULTIES`.
-        context: :class:`ProblemContext` (re-renders steps in other wordings, see :func:`render_step`).
-        step_slots: per-step extra frame words (internal; passed back to :func:`render_step`).
+        context: :class:`ProblemContext` (re-renders steps in other wordings).
+        style: ``"short"`` or ``"long"`` (:data:`STYLES`).
     """
 
     question: str
     steps: list[str]
     answer: int
     computations: tuple[Computation, ...]
-    kinds: tuple[str, ...]
+    specs: tuple[StepSpec, ...]
     difficulty: int
     context: ProblemContext = field(repr=False)
-    step_slots: tuple["_StepSlots", ...] = field(default=(), repr=False)
+    style: str = "short"
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kind of each step (``specs[i].kind``)."""
+        return tuple(sp.kind for sp in self.specs)
+
+    @property
+    def step_slots(self) -> tuple["_StepSlots", ...]:
+        """The extra frame words of each step (``specs[i].slots``)."""
+        return tuple(sp.slots for sp in self.specs)
 
     @property
     def solution(self) -> str:
-        """``"\\n\\n".join(steps) + "\\n\\n#### N"`` (the assistant answer the models are trained on)."""
+        """``"\\n\\n".join(steps) + "\\n\\n#### N"`` (the assistant answer the models are trained on; in the
+        long style the chat template's generation prompt opens the ``<think>`` block, so the solution starts
+        inside it)."""
         return STEP_DELIMITER.join(self.steps) + STEP_DELIMITER + ANSWER_PREFIX + str(self.answer)
 
     @property
@@ -280,6 +336,63 @@ def render_step(kind: str, computation: Computation, context: ProblemContext, fr
     return text
 
 
+# Trace kinds of the long style ({n}: changes to apply; {s}: a question sentence; {c}: a computation
+# "x op y = r"; {v}: a value; {u}: the unit word). Three frames each; "close" is the fixed "</think>".
+_TRACE_FRAMES: dict[str, tuple[str, ...]] = {
+    "plan": ("Plan: find the start, then apply the {n} changes in order.",
+             "First I work out the start, then I go through {n} changes.",
+             "I will begin with the first fact and then use {n} more facts."),
+    "given": ("The problem says: {s}", "Given: {s}", "Next fact: {s}"),
+    "check": ("Check: {c}, which matches.", "To verify: {c}.", "Checking it, {c} is right."),
+    "summary": ("So far: {v} {u}.", "Running total: {v} {u}.", "That puts it at {v}."),
+    "conclude": ("So the answer is {v}.", "The final result is {v} {u}.", "That means the answer is {v}."),
+    "close": (THINK_CLOSE,),
+    "final": ("The answer is {v} {u}.", "Final answer: {v} {u}.", "Answer: {v}."),
+}
+TRACE_KINDS = tuple(_TRACE_FRAMES)
+_INVERSE = {"+": "-", "-": "+", "x": "/", "/": "x"}
+
+
+def inverse_computation(c: Computation) -> Computation:
+    """The check of ``a op b = r``: ``r inv b = a`` (``+``/``-`` and ``x``/``/`` undo each other); exact."""
+    return Computation(_INVERSE[c.op], (c.result, c.operands[1]), c.operands[0])
+
+
+def render_spec(spec: StepSpec, context: ProblemContext, frame: int, order: int) -> str:
+    """Word one step: :func:`render_step` for computation kinds, the trace frames otherwise.
+
+    Args:
+        spec: what the step says. context: the problem's context. frame: 0..2 (``close`` has one frame; any
+            frame renders it). order: 0 or 1; 1 swaps the operands of a commutative computation (also in a
+            ``check``).
+
+    Returns:
+        str: the step, without the trailing delimiter.
+
+    Raises:
+        KeyError: unknown kind; IndexError: ``frame`` out of range.
+    """
+    if spec.kind in _FRAMES:
+        return render_step(spec.kind, spec.computation, context, frame, order, spec.slots)
+    frames = _TRACE_FRAMES[spec.kind]
+    c = spec.computation
+    if c is not None and order == 1 and c.op in COMMUTATIVE:
+        c = Computation(c.op, c.operands[::-1], c.result)
+    return frames[frame % len(frames)].format(
+        n=spec.value, s=spec.sentence, c=c.text() if c is not None else "", v=spec.value, u=context.unit,
+        Name=context.name)
+
+
+def _frame_regex(frame: str) -> re.Pattern:
+    groups = {"n": r"(?P<v>\d+)", "v": r"(?P<v>\d+)", "s": r"(?P<s>.+)", "c": r"(?P<c>\d+ [-+x/] \d+ = \d+)",
+              "u": r"[a-z]+", "Name": r"[A-Z][a-z]+"}
+    parts = re.split(r"\{(\w+)\}", frame)
+    return re.compile("".join(groups[x] if i % 2 else re.escape(x) for i, x in enumerate(parts)) + r"\Z")
+
+
+_TRACE_RE = [(kind, _frame_regex(f)) for kind, fs in _TRACE_FRAMES.items() for f in fs]
+
+
 # --------------------------------------------------------------------------------------------------
 # Parsing
 
@@ -322,23 +435,50 @@ def _norm_text(text: str) -> str:
     return "".join(text.split()).lower()
 
 
-def steps_equivalent(a: str, b: str) -> bool:
-    """Ground-truth semantic equality of two steps.
+def step_meaning(text: str) -> tuple:
+    """What a step says, as a comparable key (the ground truth behind :func:`steps_equivalent`).
 
-    Two steps are equivalent iff both parse (:func:`parse_step`) to the same computation (same operation,
-    same operands up to order for ``+``/``x``, same written result), whatever the wording or units. Steps
-    without a computation are equivalent iff both are answer lines with the same answer, or their texts
-    are equal after dropping whitespace and case. A step with a computation never equals one without.
+    Returns:
+        ``("answer", N)`` for a ``"#### N"`` line; for a step in one of the trace frames, ``(kind, content)``:
+        ``("given", restated sentence, whitespace and case dropped)``, ``("check", canonical computation)``,
+        ``("plan" | "summary" | "conclude" | "final", number)`` or ``("close",)``; for any other step with one
+        computation, ``("calc", canonical computation)`` (:meth:`Computation.canonical`: operand order ignored
+        for ``+`` and ``x``), whatever its wording or units; otherwise ``("text", text without whitespace,
+        lower-cased)``.
     """
-    ca, cb = parse_step(a), parse_step(b)
-    if ca is not None and cb is not None:
-        return ca.canonical() == cb.canonical()
-    if ca is not None or cb is not None:
-        return False
-    aa, ab = extract_answer(a), extract_answer(b)
-    if aa is not None or ab is not None:
-        return aa == ab and _norm_text(a) == _norm_text(b)
-    return _norm_text(a) == _norm_text(b)
+    t = text.strip()
+    if t.startswith("####"):
+        n = extract_answer(t)
+        if n is not None:
+            return ("answer", n)
+    for kind, rx in _TRACE_RE:
+        m = rx.match(t)
+        if m is None:
+            continue
+        g = m.groupdict()
+        if "c" in g:
+            return (kind, parse_step(g["c"]).canonical())
+        if "s" in g:
+            return (kind, _norm_text(g["s"]))
+        if "v" in g:
+            return (kind, int(g["v"]))
+        return (kind,)
+    c = parse_step(t)
+    if c is not None:
+        return ("calc", c.canonical())
+    return ("text", _norm_text(t))
+
+
+def steps_equivalent(a: str, b: str) -> bool:
+    """Ground-truth semantic equality of two steps: equal :func:`step_meaning`.
+
+    Two computation steps are equivalent iff they hold the same computation (same operation, same operands
+    up to order for ``+``/``x``, same written result), whatever the wording or units; a check equals only a
+    check of the same computation; a restated given equals the same sentence restated in any frame; plan,
+    summary, conclusion and final-answer steps equal the same kind stating the same number; answer lines
+    equal iff their answers do. Anything else is compared as text (whitespace and case dropped).
+    """
+    return step_meaning(a) == step_meaning(b)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -353,6 +493,9 @@ class _Level:
     delta: tuple[int, int]  # added / removed amounts
     cap: int  # running value stays <= cap
 
+
+#: Computations per problem in the long style, by difficulty (the trace adds about three steps per event).
+_LONG_STEPS = {1: (3, 4), 2: (4, 6), 3: (5, 7), 4: (6, 8), 5: (7, 8)}
 
 _LEVELS = {
     1: _Level((2, 3), (2, 5), (2, 9), (1, 9), 60),
@@ -390,6 +533,7 @@ class _Builder:
         self.kinds: list[str] = []
         self.comps: list[Computation] = []
         self.slots: list[_StepSlots] = []
+        self.events: list[int] = []  # index in ``sentences`` of the event each computation belongs to
         self.value = 0
 
     def step(self, kind: str, op: str, a: int, b: int, slots: _StepSlots | None = None) -> int:
@@ -398,6 +542,7 @@ class _Builder:
         self.kinds.append(kind)
         self.comps.append(Computation(op, (a, b), r))
         self.slots.append(slots or _StepSlots())
+        self.events.append(len(self.sentences) - 1)
         return r
 
 
@@ -409,8 +554,10 @@ def _divisors(v: int) -> list[int]:
     return [k for k in range(2, 10) if v % k == 0 and v // k >= 2]
 
 
-def _generate_one(rng: random.Random, difficulty: int) -> Problem:
+def _generate_one(rng: random.Random, difficulty: int, style: str = "short") -> Problem:
     level = _LEVELS[difficulty]
+    if style == "long":
+        level = _Level(_LONG_STEPS[difficulty], level.count, level.per, level.delta, level.cap)
     name, gender = _NAMES[rng.randrange(len(_NAMES))]
     pron, pobj, pposs = _PRON[gender]
     Pron = pron.capitalize()
@@ -516,15 +663,30 @@ def _generate_one(rng: random.Random, difficulty: int) -> Problem:
         }[scenario]
     bld.sentences.append(question_tail)
 
-    steps = []
-    for i, (kind, comp, slots) in enumerate(zip(bld.kinds, bld.comps, bld.slots)):
-        frame, order = step_style(ctx, i)
-        steps.append(render_step(kind, comp, ctx, frame, order, slots))
+    calcs = [StepSpec(k, c, slots=sl) for k, c, sl in zip(bld.kinds, bld.comps, bld.slots)]
+    specs = calcs if style == "short" else _trace_specs(bld, calcs)
+    steps = [render_spec(sp, ctx, *step_style(ctx, i)) for i, sp in enumerate(specs)]
     return Problem(
         question=" ".join(bld.sentences), steps=steps, answer=bld.comps[-1].result,
-        computations=tuple(bld.comps), kinds=tuple(bld.kinds), difficulty=difficulty, context=ctx,
-        step_slots=tuple(bld.slots),
+        computations=tuple(bld.comps), specs=tuple(specs), difficulty=difficulty, context=ctx, style=style,
     )
+
+
+def _trace_specs(bld: "_Builder", calcs: list[StepSpec]) -> list[StepSpec]:
+    """The long style's steps: a plan; per event its restated sentence, its computation(s), a check of the
+    event's last computation (the inverse operation) and the running value; a conclusion, ``</think>`` and
+    the final answer sentence."""
+    n_events = bld.events[-1] + 1
+    specs = [StepSpec("plan", value=n_events - 1)]
+    for e in range(n_events):
+        mine = [i for i, ev in enumerate(bld.events) if ev == e]
+        specs.append(StepSpec("given", sentence=bld.sentences[e]))
+        specs += [calcs[i] for i in mine]
+        last = bld.comps[mine[-1]]
+        specs.append(StepSpec("check", inverse_computation(last)))
+        specs.append(StepSpec("summary", value=last.result))
+    answer = bld.comps[-1].result
+    return specs + [StepSpec("conclude", value=answer), StepSpec("close"), StepSpec("final", value=answer)]
 
 
 def _pick_event(rng: random.Random, scenario: str, room: int) -> str:
@@ -604,37 +766,40 @@ def _apply_event(bld: _Builder, ev: str, rng: random.Random, name: str, pron: st
         p = bld.step("part", "x", c, d, _StepSlots(what=what))
         bld.value = bld.step("add", "+", v, p)
     elif ev == "lose_group":
-        s = f"{Pron} gives away {c} {boxes} with {d} {item} each."
+        bld.sentences.append(f"{Pron} gives away {c} {boxes} with {d} {item} each.")
         p = bld.step("part", "x", c, d, _StepSlots(what=f"{boxes} given away"))
-        bld.sentences.append(s)
         bld.value = bld.step("sub", "-", v, p)
     else:  # pragma: no cover - defensive
         raise ValueError(ev)
 
 
-def generate_problems(n: int, seed: int, difficulty: int = DEFAULT_DIFFICULTY) -> list[Problem]:
+def generate_problems(n: int, seed: int, difficulty: int = DEFAULT_DIFFICULTY, style: str = "short") -> list[Problem]:
     """Generate ``n`` problems, deterministically from ``seed``.
 
     Args:
         n: number of problems (>= 0).
-        seed: int; the same ``(n, seed, difficulty)`` always yields the same problems, and the first ``k``
-            problems of a call do not depend on ``n``.
-        difficulty: level in :data:`DIFFICULTIES` (default :data:`DEFAULT_DIFFICULTY`): step-count range
-            (1: 2-3, 2: 2-5, 3: 3-6, 4: 4-8, 5: 5-8) and number magnitudes (running values stay <= 60,
-            100, 500, 2000, 9999).
+        seed: int; the same ``(n, seed, difficulty, style)`` always yields the same problems, and the first
+            ``k`` problems of a call do not depend on ``n``.
+        difficulty: level in :data:`DIFFICULTIES` (default :data:`DEFAULT_DIFFICULTY`): computation count
+            (short style 1: 2-3, 2: 2-5, 3: 3-6, 4: 4-8, 5: 5-8; long style 3-4, 4-6, 5-7, 6-8, 7-8) and number
+            magnitudes (running values stay <= 60, 100, 500, 2000, 9999).
+        style: ``"short"`` (one computation per step) or ``"long"`` (a reasoning trace of 20+ steps at
+            difficulty 2; see :class:`Problem`).
 
     Returns:
         list[:class:`Problem`] of length ``n``.
 
     Raises:
-        ValueError: ``n < 0`` or unknown ``difficulty``.
+        ValueError: ``n < 0``, unknown ``difficulty`` or ``style``.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if difficulty not in _LEVELS:
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     rng = random.Random(seed)
-    return [_generate_one(rng, difficulty) for _ in range(n)]
+    return [_generate_one(rng, difficulty, style) for _ in range(n)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -649,14 +814,17 @@ def _change_digit(rng: random.Random, v: int) -> int:
     return int("".join(s))
 
 
-def _other_wording(rng: random.Random, kind: str, comp: Computation, frame: int, order: int) -> tuple[int, int]:
-    """A (frame, order) different from the given one (falls back to another frame for non-commutative ops)."""
-    options = [(f, o) for f in range(3) for o in range(2 if comp.op in COMMUTATIVE else 1)]
-    options = [fo for fo in options if fo != (frame, order if comp.op in COMMUTATIVE else 0)]
-    return options[rng.randrange(len(options))]
+def _other_style(rng: random.Random, spec: StepSpec, frame: int, order: int) -> tuple[int, int]:
+    """A (frame, order) that words ``spec`` differently (the same one when the kind has a single wording)."""
+    c = spec.computation
+    n_frames = len(_FRAMES[spec.kind]) if spec.kind in _FRAMES else len(_TRACE_FRAMES[spec.kind])
+    commutes = c is not None and c.op in COMMUTATIVE
+    options = [(f, o) for f in range(n_frames) for o in range(2 if commutes else 1)]
+    options = [fo for fo in options if fo != (frame, order if commutes else 0)]
+    return options[rng.randrange(len(options))] if options else (frame, order)
 
 
-def generate_step_pairs(n: int, seed: int, difficulty: int | None = None) -> list[StepPair]:
+def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style: str = "short") -> list[StepPair]:
     """Labelled step pairs for training / evaluating the judge.
 
     About half the pairs are equivalent: the same computation in another wording (other sentence frame,
@@ -669,46 +837,77 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None) -> lis
 
     Args:
         n: number of pairs (>= 0).
-        seed: int; deterministic per ``(n, seed, difficulty)``.
+        seed: int; deterministic per ``(n, seed, difficulty, style)``.
         difficulty: problem level, or ``None`` for a mix of all levels.
+        style: the problems' style (:data:`STYLES`); ``"long"`` pairs every step kind of the reasoning trace
+            (restated givens, checks, summaries, plans, conclusions), with the same kinds of negatives: another
+            number, another given or another step of the problem.
 
     Returns:
         list[:class:`StepPair`] of length ``n``.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     rng = random.Random(seed)
     pairs: list[StepPair] = []
     while len(pairs) < n:
         d = difficulty if difficulty is not None else DIFFICULTIES[rng.randrange(len(DIFFICULTIES))]
-        prob = _generate_one(rng, d)
+        prob = _generate_one(rng, d, style)
         j = rng.randrange(len(prob.steps))
         pairs.append(_make_pair(rng, prob, j))
     return pairs
 
 
 def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
-    ctx, kind, comp = prob.context, prob.kinds[j], prob.computations[j]
+    ctx, spec = prob.context, prob.specs[j]
+    comp = spec.computation
     frame, order = step_style(ctx, j)
-    slots = _slots_for(prob, j)
     gold = prob.steps[j]
 
-    def render(c: Computation, f: int, o: int, k: str = kind) -> str:
-        return render_step(k, c, ctx, f, o, slots)
+    def render(c: Computation | None = None, f: int = frame, o: int = order, **changes) -> str:
+        return render_spec(replace(spec, computation=c if c is not None else comp, **changes), ctx, f, o)
 
-    def maybe_reword(c: Computation) -> str:
+    def maybe_reword(c: Computation | None = None, **changes) -> str:
         if rng.random() < 0.5:
-            return render(c, frame, order)
-        f, o = _other_wording(rng, kind, comp, frame, order)
-        return render(c, f, o)
+            return render(c, **changes)
+        return render(c, *_other_style(rng, spec, frame, order), **changes)
+
+    def another_step() -> str:  # a different step of the same problem (gold or other wording)
+        others = [i for i in range(len(prob.steps)) if i != j]
+        i = others[rng.randrange(len(others))]
+        if rng.random() < 0.5:
+            return prob.steps[i]
+        f, o = _other_style(rng, prob.specs[i], *step_style(ctx, i))
+        return render_spec(prob.specs[i], ctx, f, o)
 
     u = rng.random()
+    if comp is None:  # trace steps without arithmetic: plan, given, summary, conclude, close, final
+        if u < 0.05 or spec.kind == "close" and u < 0.5:
+            other = gold
+        elif u < 0.5:
+            other = render(None, *_other_style(rng, spec, frame, order))
+        elif u < 0.75 and spec.value is not None:  # the same kind stating another number
+            other = maybe_reword(value=_change_digit(rng, spec.value))
+        elif u < 0.75 and spec.kind == "given":  # the same sentence with one number changed
+            nums = re.findall(r"\d+", spec.sentence)
+            if nums:
+                k = rng.randrange(len(nums))
+                parts = re.split(r"(\d+)", spec.sentence)
+                parts[2 * k + 1] = str(_change_digit(rng, int(nums[k])))
+                other = maybe_reword(sentence="".join(parts))
+            else:
+                other = another_step()
+        else:
+            other = another_step()
+        a, b = (gold, other) if rng.random() < 0.5 else (other, gold)
+        return StepPair(a, b, steps_equivalent(a, b))
     x, y = comp.operands
     if u < 0.05:
         other = gold
     elif u < 0.5:
-        f, o = _other_wording(rng, kind, comp, frame, order)
-        other = render(comp, f, o)
+        other = render(comp, *_other_style(rng, spec, frame, order))
     elif u < 0.64:  # result digit changed
         other = maybe_reword(Computation(comp.op, comp.operands, _change_digit(rng, comp.result)))
     elif u < 0.74:  # operand digit changed, result unchanged or recomputed
@@ -734,15 +933,8 @@ def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
         other = maybe_reword(Computation(op2, comp.operands, r if r is not None and r >= 0 else comp.result))
     elif u < 0.90 and comp.op not in COMMUTATIVE:  # swapped operands of - or /
         other = maybe_reword(Computation(comp.op, (y, x), comp.result))
-    else:  # a different step of the same problem (gold or other wording)
-        others = [i for i in range(len(prob.steps)) if i != j]
-        i = others[rng.randrange(len(others))]
-        if rng.random() < 0.5:
-            other = prob.steps[i]
-        else:
-            fi, oi = step_style(ctx, i)
-            f, o = _other_wording(rng, prob.kinds[i], prob.computations[i], fi, oi)
-            other = render_step(prob.kinds[i], prob.computations[i], ctx, f, o, _slots_for(prob, i))
+    else:
+        other = another_step()
     if rng.random() < 0.03:  # answer lines: the same, another answer, or a step against an answer line
         gold = prob.answer_line
         v = rng.random()
@@ -754,7 +946,3 @@ def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
             other = prob.steps[-1]
     a, b = (gold, other) if rng.random() < 0.5 else (other, gold)
     return StepPair(a, b, steps_equivalent(a, b))
-
-
-def _slots_for(prob: Problem, j: int) -> _StepSlots:
-    return prob.step_slots[j] if j < len(prob.step_slots) else _StepSlots()

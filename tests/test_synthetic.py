@@ -138,3 +138,100 @@ def test_bad_arguments():
         syn.generate_problems(1, 0, difficulty=9)
     with pytest.raises(ValueError):
         syn.generate_problems(-1, 0)
+    with pytest.raises(ValueError, match="style"):
+        syn.generate_problems(1, 0, style="medium")
+    with pytest.raises(ValueError, match="style"):
+        syn.generate_step_pairs(1, 0, style="medium")
+
+
+# -- the long style: a reasoning trace -------------------------------------------------------------------
+
+
+def check_long_problem(p: syn.Problem) -> None:
+    """Trace structure, every computation and every check correct, every given from the question, every
+    summary the running value, and each step's meaning the same in all of its wordings."""
+    from lookahead_reasoning.steps import split_reasoning
+
+    assert p.style == "long" and len(p.steps) == len(p.specs)
+    assert [sp.kind for sp in p.specs[-3:]] == ["conclude", "close", "final"] and p.specs[0].kind == "plan"
+    assert p.steps.count("</think>") == 1 and "<think>" not in p.solution
+    reasoning, answer = split_reasoning(p.solution)
+    assert answer.endswith(f"#### {p.answer}") and extract_answer(answer) == p.answer
+    assert p.steps[-3] not in answer and p.steps[-1] in answer
+    calcs = [sp for sp in p.specs if sp.kind in syn.STEP_KINDS]
+    assert tuple(sp.computation for sp in calcs) == p.computations
+    events = [sp for sp in p.specs if sp.kind == "given"]
+    assert " ".join(sp.sentence for sp in events) + " " in p.question + " "
+    assert p.specs[0].value == len(events) - 1
+    running = None
+    for i, (sp, text) in enumerate(zip(p.specs, p.steps)):
+        assert "\n" not in text and text == text.strip()
+        if sp.computation is not None:
+            parsed = parse_step(text)
+            assert parsed is not None and parsed.canonical() == sp.computation.canonical(), text
+            assert parsed.is_correct(), text
+        if sp.kind in syn.STEP_KINDS:
+            last = sp.computation
+        if sp.kind == "check":  # the inverse of the event's last computation
+            assert sp.computation == syn.inverse_computation(last)
+        if sp.kind == "summary":
+            running = sp.value
+            assert running == last.result
+        if sp.kind in ("conclude", "final"):
+            assert sp.value == running == p.answer
+        meanings = {syn.step_meaning(syn.render_spec(sp, p.context, f, o)) for f in range(3) for o in range(2)}
+        assert meanings == {syn.step_meaning(text)}, (sp, meanings)
+        assert syn.step_meaning(text)[0] == ("calc" if sp.kind in syn.STEP_KINDS else sp.kind)
+
+
+@pytest.mark.parametrize("difficulty", syn.DIFFICULTIES)
+def test_long_traces_are_correct(difficulty):
+    for p in syn.generate_problems(150, seed=2000 + difficulty, difficulty=difficulty, style="long"):
+        check_long_problem(p)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), difficulty=st.sampled_from(syn.DIFFICULTIES))
+def test_property_long_any_seed(seed, difficulty):
+    ps = syn.generate_problems(2, seed, difficulty, style="long")
+    assert ps == syn.generate_problems(2, seed, difficulty, style="long")
+    for p in ps:
+        check_long_problem(p)
+
+
+def test_long_traces_have_twenty_steps_on_average():
+    """Held-out problems at the default difficulty: >= 20 steps per answer on average (the "#### N" line
+    counts as a step, as the LR loop splits it)."""
+    ps = syn.generate_problems(500, syn.EVAL_SEED, style="long")
+    counts = sorted(len(p.steps) + 1 for p in ps)
+    assert sum(counts) / len(counts) >= 20
+    assert counts[len(counts) // 10] >= 15
+    short = syn.generate_problems(500, syn.EVAL_SEED)
+    assert [p.question for p in short] != [p.question for p in ps]
+
+
+def test_step_meaning_tells_kinds_and_contents_apart():
+    m = syn.step_meaning
+    assert m("Check: 39 + 9 = 48, which matches.") == m("To verify: 9 + 39 = 48.") == ("check", ("+", (9, 39), 48))
+    assert m("Check: 39 + 9 = 48, which matches.") != m("39 + 9 = 48.")  # a check is not the computation
+    assert m("So far: 39 pencils.") == m("That puts it at 39.") != m("Running total: 38 pencils.")
+    assert m("So far: 39 pencils.") != m("So the answer is 39.")
+    assert m("Given: She loses 9 pencils.") == m("Next fact: She loses 9 pencils.")
+    assert m("Given: She loses 9 pencils.") != m("Given: She finds 9 more pencils.")
+    assert m("</think>") == ("close",)
+    assert m("#### 12") == ("answer", 12)
+    assert m("Something else entirely.") == ("text", "somethingelseentirely.")
+
+
+def test_long_step_pairs_cover_every_trace_kind():
+    pairs = syn.generate_step_pairs(3000, seed=8, style="long")
+    assert all(y == steps_equivalent(a, b) for a, b, y in pairs)
+    by_kind: dict[str, list[bool]] = {}
+    for a, b, y in pairs:
+        by_kind.setdefault(syn.step_meaning(a)[0], []).append(y)
+    for kind in ("calc", "check", "given", "summary", "plan", "conclude", "final"):
+        labels = by_kind[kind]
+        assert len(labels) >= 40 and 0.25 < sum(labels) / len(labels) < 0.75, kind
+    # positives are mostly other wordings, not copies
+    pos = [(a, b) for a, b, y in pairs if y]
+    assert sum(a != b for a, b in pos) > 0.75 * len(pos)
