@@ -51,6 +51,9 @@ def main(argv=None) -> int:
                     help="extra lr+sd (sync) runs at these gammas (with the profile's judge); '' for none")
     ap.add_argument("--sd-draft-tokens", type=int, default=4,
                     help="tokens per proposal of the draft-model SD runs (0: skip them)")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature of every run (default: the profile's; 0.6 is how Qwen3 and R1 are run)")
+    ap.add_argument("--seed", type=int, default=None, help="sampling seed of every request (with --temperature)")
     ap.add_argument("--out", default="benchmarks/out/lr_bench.json")
     args = ap.parse_args(argv)
 
@@ -58,7 +61,9 @@ def main(argv=None) -> int:
     profile = load_profile(args.profile, args.config)
     items, spare = load_with_spare(args.dataset, args.problems)
     reasoner = build_reasoner(profile)
-    base = with_overrides(profile.options, gamma=args.gamma)
+    sampling = profile.options.sampling.model_dump()
+    sampling.update({k: v for k, v in (("temperature", args.temperature), ("seed", args.seed)) if v is not None})
+    base = with_overrides(profile.options, gamma=args.gamma, sampling=sampling)
     judge = base.judge.name
     runs = [("ar", {"mode": "ar"}), ("sd", {"mode": "sd"}),
             (f"lr sync [{judge}]", {"mode": "lr"}), (f"lr async [{judge}]", {"mode": "lr", "async_mode": True}),
@@ -100,7 +105,7 @@ def main(argv=None) -> int:
             "speedup_estimate_iid": r.estimate(ar, iid=True),
             "bound_free_draft_and_judge": r.estimate(ar, free_draft_and_judge=True),
             "gamma": r.totals.gamma_sum / r.totals.cycles if r.totals.cycles else None,
-            "steps_per_cycle": r.totals.steps_per_cycle,
+            "steps_per_cycle": r.totals.steps_per_cycle, "steps_per_answer": r.steps_per_answer,
             "tokens": r.tokens, "seconds": r.seconds, "judge_fallbacks": r.totals.fallbacks,
             "cycle": cycle_profile(r.totals, ar.totals, cost) if ar is not None else None,
             "per_item": {"index": [i for i, _, _ in r.per_item], "generated_tokens": [t for _, t, _ in r.per_item],
@@ -115,7 +120,7 @@ def main(argv=None) -> int:
         interval="speedup_vs_ar_ci95: 2.5th-97.5th percentiles of the paired bootstrap over problems")
     doc = {"date": date.today().isoformat(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
            "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])), "profile": profile.name,
-           "problems": len(items), "gamma": base.gamma, "judge": judge, "cost_model": cost.to_dict(), "wall_seconds": time.time() - t0,
+           "problems": len(items), "gamma": base.gamma, "judge": judge, "sampling": base.sampling.model_dump(), "cost_model": cost.to_dict(), "wall_seconds": time.time() - t0,
            "measurement": measurement, "runs": table}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

@@ -59,17 +59,28 @@ except ImportError:  # a checkout without `pip install -e .`: import the package
     from lookahead_reasoning import synthetic as syn
     from lookahead_reasoning.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
 
-GSM8K_TEST = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+GSM8K_TEST = REPO / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PAD, BOS_CHAT, EOS = SPECIAL_TOKENS
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+THINK_TOKENS = ("<think>", "</think>")  # added (not special) tokens: decoding keeps them, as Qwen3's do
+
+
+def chat_template(style: str) -> str:
+    """ChatML; for the long style the generation prompt opens the reasoning block (``<think>\\n``), as
+    DeepSeek-R1's template does, so the model's output is the trace, ``</think>``, then the answer."""
+    opening = "<|im_start|>assistant\\n" + ("<think>\\n" if style == "long" else "")
+    return (
+        "{%- for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '" + opening + "' }}{%- endif %}"
+    )
+
+
+#: Longest generated answer (tokens) per style: solutions, dev and evaluation runs.
+MAX_ANSWER_TOKENS = {"short": 160, "long": 720}
 
 # Training mix of difficulties (evaluation uses syn.DEFAULT_DIFFICULTY only).
 DIFFICULTY_MIX = {1: 0.25, 2: 0.65, 3: 0.1}
@@ -91,9 +102,12 @@ class ModelSpec:
     head_dim: int = 32
 
 
-TARGET_SPEC = ModelSpec(128, 12, 4, 2, 384)
-DRAFT_SPEC = ModelSpec(80, 2, 2, 1, 256)
-JUDGE_SPEC = ModelSpec(128, 4, 4, 2, 384)
+# Deep and narrow target, one-layer draft: on a CPU a decoding step of models this small costs a fixed
+# ~0.33 ms plus ~0.22 ms per layer whatever the width (engine-measured, 500-token context), so depth sets
+# the draft/target cost ratio c: 22 layers vs 1 gives c ~ 0.11 (RESULTS.md, issue 19).
+TARGET_SPEC = ModelSpec(96, 22, 3, 1, 288)
+DRAFT_SPEC = ModelSpec(96, 1, 3, 1, 384)
+JUDGE_SPEC = ModelSpec(96, 6, 3, 1, 288)
 
 
 @dataclass
@@ -119,7 +133,7 @@ def derive_seed(seed: int, *tags: object) -> int:
 # Tokenizer
 
 
-def tokenizer_corpus(seed: int, quick: bool) -> tuple[list[str], list[str]]:
+def tokenizer_corpus(seed: int, quick: bool, style: str) -> tuple[list[str], list[str]]:
     """(task texts, other texts) the BPE is trained on.
 
     Task texts: problems of every difficulty, judge prompts, chat-template words. Other texts: GSM8K train
@@ -131,9 +145,9 @@ def tokenizer_corpus(seed: int, quick: bool) -> tuple[list[str], list[str]]:
     n = 300 if quick else 3000
     task: list[str] = []
     for d in syn.DIFFICULTIES:
-        for p in syn.generate_problems(n, derive_seed(seed, "tok", d), d):
+        for p in syn.generate_problems(n, derive_seed(seed, "tok", d), d, style):
             task += [p.question, p.solution]
-    for a, b, _ in syn.generate_step_pairs(n, derive_seed(seed, "tok-pairs")):
+    for a, b, _ in syn.generate_step_pairs(n, derive_seed(seed, "tok-pairs"), style=style):
         task += [judge_user_message(a, b), f"user\nassistant\n[{ALIGNED}] [{UNALIGNED}]"]
     other: list[str] = []
     if GSM8K_TRAIN.exists():
@@ -144,7 +158,7 @@ def tokenizer_corpus(seed: int, quick: bool) -> tuple[list[str], list[str]]:
     return task, other
 
 
-def build_tokenizer(seed: int, vocab_size: int, quick: bool):
+def build_tokenizer(seed: int, vocab_size: int, quick: bool, style: str = "short"):
     """Train the shared tokenizer.
 
     Byte-level BPE (``tokenizers``) with pre-tokenizers: ``"\\n\\n"`` isolated (so the step delimiter is
@@ -166,14 +180,18 @@ def build_tokenizer(seed: int, vocab_size: int, quick: bool):
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    task, other = tokenizer_corpus(seed, quick)
+    task, other = tokenizer_corpus(seed, quick, style)
     # Task text three times so its words win the merges over GSM8K text.
     tk.train_from_iterator(task * 3 + other, trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=tk, eos_token=EOS, pad_token=PAD, unk_token=None, bos_token=None,
         additional_special_tokens=[BOS_CHAT], model_max_length=1024,
     )
-    tok.chat_template = CHAT_TEMPLATE
+    if style == "long":
+        from tokenizers import AddedToken
+
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    tok.chat_template = chat_template(style)
     check_tokenizer(tok)
     return tok
 
@@ -189,8 +207,17 @@ def check_tokenizer(tok) -> dict:
     a, u = verdict_token_ids(tok)  # raises if they share the first token
     single = all(len(tok.encode(ASSISTANT_PREFILL + w, add_special_tokens=False)) == 2 for w in (ALIGNED, UNALIGNED))
     assert tok.eos_token == EOS and tok.pad_token == PAD
+    if THINK_TOKENS[1] in tok.get_vocab():
+        ids = tok.encode("a.\n\n</think>\n\nThe", add_special_tokens=False)
+        assert ids.count(tok.convert_tokens_to_ids(THINK_TOKENS[1])) == 1 and ids.count(delim[0]) == 2, ids
+        assert tok.decode(ids, skip_special_tokens=True).count(THINK_TOKENS[1]) == 1
     return {"vocab_size": len(tok), "delimiter_id": delim[0], "aligned_id": a, "unaligned_id": u,
             "verdicts_single_token": single}
+
+
+def tokenizer_style(tok) -> str:
+    """The task style a tokenizer was built for: ``"long"`` when it has the ``</think>`` token."""
+    return "long" if THINK_TOKENS[1] in tok.get_vocab() else "short"
 
 
 def chat_prompt_ids(tok, question: str) -> list[int]:
@@ -325,7 +352,7 @@ def drill_example(tok, rng: random.Random, max_tokens: int = 128) -> tuple[list[
         labels += [-100] * len(a) + b
 
 
-def problem_batches(tok, seed: int, batch_size: int, chunk_batches: int = 16,
+def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: int = 16,
                     drill_every: int = 3) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless stream of training batches: fresh problems (difficulty mix), length-bucketed; every
     ``drill_every``-th batch (0: never) is packed arithmetic facts instead (:func:`drill_example`)."""
@@ -338,7 +365,7 @@ def problem_batches(tok, seed: int, batch_size: int, chunk_batches: int = 16,
         rows = []
         for i in range(batch_size * chunk_batches):
             d = rng.choices(levels, weights)[0]
-            p = syn.generate_problems(1, derive_seed(seed, "train", chunk, i), d)[0]
+            p = syn.generate_problems(1, derive_seed(seed, "train", chunk, i), d, style)[0]
             rows.append(lm_example(tok, p, eos_id))
         rows.sort(key=lambda r: len(r[0]))
         batches = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
@@ -507,9 +534,9 @@ def strip_special(tok, ids: Sequence[int]) -> str:
     return tok.decode(list(ids), skip_special_tokens=True)
 
 
-def solve(model, tok, problems: Sequence[syn.Problem], batch_size: int = 64, max_new_tokens: int = 160,
-          desc: str | None = None) -> list[str]:
+def solve(model, tok, problems: Sequence[syn.Problem], batch_size: int = 64, desc: str | None = None) -> list[str]:
     """Greedy full solutions (text, special tokens dropped) for ``problems``."""
+    max_new_tokens = MAX_ANSWER_TOKENS[problems[0].style] if problems else 0
     prompts = [chat_prompt_ids(tok, p.question) for p in problems]
     eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
     outs = greedy_generate(model, prompts, pad_id, [eos_id], max_new_tokens, batch_size, desc)
@@ -725,7 +752,11 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     sizes = {k: sum(f.stat().st_size for f in (out / k).iterdir()) for k in ("target", "draft", "judge")}
     res["size_bytes"] = {**sizes, "total": sum(sizes.values())}
 
-    problems = syn.generate_problems(n_eval, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY)
+    style = tokenizer_style(tok)
+    problems = syn.generate_problems(n_eval, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style)
+    n_steps = sorted(len(p.steps) + 1 for p in problems)  # the "#### N" line is a step too
+    res["task"] = {"style": style, "steps_per_answer_mean": sum(n_steps) / len(n_steps),
+                   "steps_per_answer_p10": n_steps[len(n_steps) // 10], "steps_per_answer_p90": n_steps[len(n_steps) * 9 // 10]}
     answers = [p.answer for p in problems]
     t_txt = solve(target, tok, problems, desc="eval: target solves")
     d_txt = solve(draft, tok, problems, desc="eval: draft solves")
@@ -736,7 +767,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     # accuracy by difficulty (not a must-show; small samples)
     by_d = {}
     for d in syn.DIFFICULTIES:
-        ps = syn.generate_problems(40 if quick else 100, syn.EVAL_SEED + d, d)
+        ps = syn.generate_problems(40 if quick else 100, syn.EVAL_SEED + d, d, style)
         by_d[d] = accuracy(solve(target, tok, ps, desc=f"eval: target d{d}"), [p.answer for p in ps])[0]
     res["accuracy"]["target_by_difficulty_n100"] = by_d
 
@@ -754,7 +785,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     sa["semantic_over_exact"] = sa["semantic"] / max(1e-9, sa["exact"])
 
     # judge: held-out synthetic pairs + held-out real (target step, draft step) pairs
-    syn_pairs = syn.generate_step_pairs(400 if quick else 4000, syn.JUDGE_EVAL_SEED)
+    syn_pairs = syn.generate_step_pairs(400 if quick else 4000, syn.JUDGE_EVAL_SEED, style=style)
     v_syn = judge_verdicts(judge, tok, [(a, b) for a, b, _ in syn_pairs])
     res["judge_synthetic"] = binary_metrics(v_syn, [y for _, _, y in syn_pairs])
     v = judge_verdicts(judge, tok, [(r["target"], r["draft"]) for r in pairs])
@@ -981,7 +1012,7 @@ tokens/s counts all sequences of the batch. Measured on: {m['processor']}, {m['c
 
 
 def dev_solve_eval(model, tok, n: int, seed: int) -> Callable[[], str]:
-    probs = syn.generate_problems(n, derive_seed(seed, "dev"), syn.DEFAULT_DIFFICULTY)
+    probs = syn.generate_problems(n, derive_seed(seed, "dev"), syn.DEFAULT_DIFFICULTY, tokenizer_style(tok))
 
     def run() -> str:
         acc, _ = accuracy(solve(model, tok, probs), [p.answer for p in probs])
@@ -997,24 +1028,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads for training")
     ap.add_argument("--vocab-size", type=int, default=1024)
-    ap.add_argument("--target-steps", type=int, default=4500)
-    ap.add_argument("--target-minutes", type=float, default=52.0)
+    ap.add_argument("--style", choices=syn.STYLES, default="long",
+                    help="task style: long reasoning traces in <think> (the demo trio v2) or one computation per step (v1)")
+    ap.add_argument("--target-steps", type=int, default=100000)
+    ap.add_argument("--target-minutes", type=float, default=50.0)
     ap.add_argument("--target-lr", type=float, default=3e-3)
     ap.add_argument("--target-init", type=Path, default=None,
                     help="start the target from this checkpoint folder (continue training) instead of from scratch")
     ap.add_argument("--target-data-offset", type=int, default=0,
                     help="skip to this data stream (use a new value when continuing, so no problem is seen twice)")
-    ap.add_argument("--draft-steps", type=int, default=1850)
-    ap.add_argument("--draft-minutes", type=float, default=5.0)
+    ap.add_argument("--draft-steps", type=int, default=100000)
+    ap.add_argument("--draft-minutes", type=float, default=8.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--judge-steps", type=int, default=7000)
-    ap.add_argument("--judge-minutes", type=float, default=28.0)
+    ap.add_argument("--judge-steps", type=int, default=100000)
+    ap.add_argument("--judge-minutes", type=float, default=20.0)
     ap.add_argument("--judge-lr", type=float, default=1.5e-3)
     ap.add_argument("--judge-neg-weight", type=float, default=10.0, help="loss weight of 'unaligned' verdicts")
     ap.add_argument("--judge-init", default="target",
                     help="'target' (the trained target's embeddings and first layers), 'scratch', or a judge "
                          "checkpoint folder to continue (its data order then differs from the first stage's)")
-    ap.add_argument("--judge-real-problems", type=int, default=1500, help="training problems whose real draft/target steps the judge sees")
+    ap.add_argument("--judge-real-problems", type=int, default=300, help="training problems whose real draft/target steps the judge sees")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--dev-every-steps", type=int, default=0, help="dev evaluation every N steps (0: every 5 min)")
     ap.add_argument("--only", choices=["tokenizer", "target", "draft", "judge"], nargs="*",
@@ -1051,10 +1084,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         training["seed"] = args.seed
         if "tokenizer" in parts:
             tqdm.write("== tokenizer")
-            tok = build_tokenizer(args.seed, args.vocab_size, args.quick)
+            tok = build_tokenizer(args.seed, args.vocab_size, args.quick, args.style)
             tok.save_pretrained(out / "tokenizer")
         else:
             tok = AutoTokenizer.from_pretrained(out / "target")
+            args.style = tokenizer_style(tok)
+        training["style"] = args.style
         tqdm.write(f"   {check_tokenizer(tok)}")
         training.setdefault("commands", []).append(command)
         if "target" in parts:
@@ -1067,7 +1102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tqdm.write(f"   continuing from {args.target_init}")
             tqdm.write(f"   {n_params(target):,} parameters")
             b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size)
-            training["target"] = train_lm(target, problem_batches(tok, derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size),
+            training["target"] = train_lm(target, problem_batches(tok, derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size, args.style),
                                           b, device, "target", dev_solve_eval(target, tok, 48 if not args.quick else 8, args.seed),
                                           dev_every_steps=args.dev_every_steps)
             save_checkpoint(target, tok, out / "target")
@@ -1078,7 +1113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             draft = make_model(DRAFT_SPEC, tok, derive_seed(args.seed, "init-draft"))
             tqdm.write(f"   {n_params(draft):,} parameters ({n_params(draft) / n_params(target):.3f} of the target)")
             b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size)
-            training["draft"] = train_lm(draft, problem_batches(tok, derive_seed(args.seed, "data-draft"), b.batch_size),
+            training["draft"] = train_lm(draft, problem_batches(tok, derive_seed(args.seed, "data-draft"), b.batch_size, args.style),
                                          b, device, "draft", dev_solve_eval(draft, tok, 48 if not args.quick else 8, args.seed),
                                          dev_every_steps=args.dev_every_steps)
             save_checkpoint(draft, tok, out / "draft")
@@ -1129,12 +1164,12 @@ def init_from(small, big) -> None:
 def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     """Build judge data (synthetic + real draft/target pairs), train, save. Returns training facts."""
     n_syn = 400 if args.quick else 60000
-    syn_pairs = syn.generate_step_pairs(n_syn, derive_seed(args.seed, "judge-pairs"))
+    syn_pairs = syn.generate_step_pairs(n_syn, derive_seed(args.seed, "judge-pairs"), style=args.style)
     ex = judge_examples(tok, syn_pairs, "synthetic")
     # real pairs from training-distribution problems (never the evaluation seed)
     levels, weights = zip(*DIFFICULTY_MIX.items())
     rng = random.Random(derive_seed(args.seed, "judge-real"))
-    probs = [syn.generate_problems(1, derive_seed(args.seed, "judge-real", i), rng.choices(levels, weights)[0])[0]
+    probs = [syn.generate_problems(1, derive_seed(args.seed, "judge-real", i), rng.choices(levels, weights)[0], args.style)[0]
              for i in range(args.judge_real_problems)]
     rows = real_pairs(target.eval(), draft.eval(), tok, probs, desc="judge data") if probs else []
     real = [(r["target"], r["draft"], r["semantic"]) for r in rows]
@@ -1152,7 +1187,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     prefix_len = judge_prefix_len(tok)
     pad_id = tok.convert_tokens_to_ids(PAD)
     b = TrainBudget(args.judge_steps, args.judge_minutes, args.judge_lr, args.batch_size * 2, warmup_steps=100)
-    dev_pairs = syn.generate_step_pairs(300, derive_seed(args.seed, "judge-dev"))
+    dev_pairs = syn.generate_step_pairs(300, derive_seed(args.seed, "judge-dev"), style=args.style)
 
     def dev() -> str:
         m = binary_metrics(judge_verdicts(judge, tok, [(a, c) for a, c, _ in dev_pairs]), [y for *_, y in dev_pairs])

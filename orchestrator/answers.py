@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .steps import ReasoningParser, split_reasoning
+
 MATH_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the whole function in one "
                          "```python code block.\n\n```python\n{prompt}```")
@@ -112,9 +114,9 @@ def load_items(dataset: str, limit: int | None = None) -> list[EvalItem]:
         ValueError: unknown dataset, missing or unreadable file, unknown format (naming it).
     """
     if dataset == "synthetic":
-        from .synthetic import DEFAULT_DIFFICULTY, EVAL_SEED, generate_problems
+        from .synthetic import DEFAULT_DIFFICULTY, DEFAULT_STYLE, EVAL_SEED, generate_problems
 
-        problems = generate_problems(limit or 200, EVAL_SEED, difficulty=DEFAULT_DIFFICULTY)
+        problems = generate_problems(limit or 200, EVAL_SEED, difficulty=DEFAULT_DIFFICULTY, style=DEFAULT_STYLE)
         return [EvalItem(f"synthetic-{i}", "synthetic", p.question, None, str(p.answer)) for i, p in enumerate(problems)]
     if dataset in DATASET_FILES:
         path, stem = data_dir() / DATASET_FILES[dataset], dataset
@@ -350,10 +352,16 @@ def math_equal(pred: str | None, ref: str) -> bool:
     return False
 
 
-def check_answer(item: EvalItem, text: str) -> bool | None:
-    """True/False for graded items, None for ungraded ones (MT-Bench). HumanEval runs in a subprocess."""
+def check_answer(item: EvalItem, text: str, reasoning_parser: ReasoningParser = "qwen3") -> bool | None:
+    """True/False for graded items, None for ungraded ones (MT-Bench). HumanEval runs in a subprocess.
+
+    Only the final answer is graded, never the reasoning: ``text`` is split by ``reasoning_parser``
+    (:func:`~lookahead_reasoning.steps.split_reasoning`); an answer still inside an unclosed reasoning block
+    has no final answer and is wrong.
+    """
     if item.reference is None:
         return None
+    text = split_reasoning(text, reasoning_parser)[1]
     if item.kind in ("synthetic", "gsm8k"):
         boxed = last_boxed(text)
         got = to_number(normalize_math(boxed)) if boxed is not None else extract_gsm8k(text)

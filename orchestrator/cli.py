@@ -120,7 +120,11 @@ def cmd_generate(args) -> int:
         metrics["finish_reason"] = res.finish_reason
         if reasoner.cost_model is not None:
             metrics["cost_model"] = reasoner.cost_model.to_dict()
-        print(json.dumps({"text": res.text, "mode": res.mode, "metrics": metrics}))
+        from .steps import split_reasoning
+
+        reasoning, content = split_reasoning(res.text, reasoner.reasoning_parser)
+        print(json.dumps({"text": res.text, "reasoning_content": reasoning, "content": content, "mode": res.mode,
+                          "metrics": metrics}))
     else:
         acc = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
         print(f"\n[{res.mode}] {m.generated_tokens} tokens in {m.seconds:.2f} s ({m.tokens_per_s:.1f} tok/s), "
@@ -229,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", default=None)
     g.add_argument("--messages", default=None, help='chat messages as JSON: [{"role": "user", "content": "..."}]')
     g.add_argument("--mode", choices=MODES, default="lr+sd")
-    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object: text, reasoning_content and content (split by the profile's "
+                        "reasoning_parser), mode, metrics")
     _common(g)
     g.set_defaults(func=cmd_generate)
 

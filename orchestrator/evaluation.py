@@ -38,6 +38,7 @@ import numpy as np
 from .answers import check_answer, load_items, EvalItem
 from .lookahead import LookaheadReasoner, LROptions, with_overrides
 from .metrics import RequestMetrics
+from .steps import split_steps
 
 #: Bootstrap resamples and seed of :func:`bootstrap_speedup_ci` (fixed, so a report is reproducible).
 BOOTSTRAP_RESAMPLES = 2000
@@ -71,6 +72,14 @@ class ModeReport:
     totals: RequestMetrics = field(default_factory=RequestMetrics)
     cost_model: object = None  # the calibration.CostModel the run was estimated with, if any
     per_item: list[tuple[int, int, float]] = field(default_factory=list)
+    delimiter: str = "\n\n"  # the step delimiter answers are split by (steps_per_answer)
+    reasoning_parser: str = "qwen3"  # how the final answer is told from the reasoning when grading
+    answer_steps: int = 0  # steps in the graded (last-turn) answers, summed
+
+    @property
+    def steps_per_answer(self) -> float | None:
+        """Mean steps per answer (:func:`~lookahead_reasoning.steps.split_steps` of each item's last turn)."""
+        return self.answer_steps / self.n if self.n else None
 
     @property
     def accuracy(self) -> float | None:
@@ -250,7 +259,8 @@ def _record(rep: ModeReport, index: int, item: EvalItem, results: list, keep_out
     rep.per_item.append((index, sum(r.metrics.generated_tokens for r in results),
                          sum(r.metrics.seconds for r in results)))
     rep.n += 1
-    ok = check_answer(item, results[-1].text)
+    rep.answer_steps += len(split_steps(results[-1].text, rep.delimiter))
+    ok = check_answer(item, results[-1].text, rep.reasoning_parser)
     if ok is not None:
         rep.graded += 1
         rep.correct += int(ok)
@@ -301,7 +311,9 @@ def run_interleaved(reasoner: LookaheadReasoner, items: Sequence[EvalItem], runs
         raise ValueError(f"warmup: must be >= 0, got {warmup}")
     chat = uses_chat_template(reasoner)
     names = list(runs)
-    reports = {name: ModeReport(opts.mode, cost_model=reasoner.cost_model) for name, opts in runs.items()}
+    reports = {name: ModeReport(opts.mode, cost_model=reasoner.cost_model, delimiter=opts.step.delimiter,
+                                reasoning_parser=reasoner.reasoning_parser)
+               for name, opts in runs.items()}
     spare = warmup_item if warmup_item is not None else (items[0] if items else None)
     if spare is not None:
         for _ in range(warmup):
@@ -386,6 +398,7 @@ def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None
             "latency_speedup_vs_ar": (ar.seconds / r.seconds) if ar and r.seconds else None,
             "acceptance_rate": r.acceptance_rate,
             "acceptance_by_depth": r.acceptance_by_depth,
+            "steps_per_answer": r.steps_per_answer,
             "speedup_estimate": r.estimate(ar),
             "speedup_estimate_iid": r.estimate(ar, iid=True),
             "generated_tokens": r.tokens,

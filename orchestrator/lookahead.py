@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .backends.base import (Engine, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig,
                             start_requests)
 from .metrics import RequestMetrics
-from .steps import Step, StepConfig
+from .steps import ReasoningParser, Step, StepConfig
 from .verifiers import VerifierConfig, Verifier, make_verifier, timed_verify
 
 Mode = Literal["ar", "sd", "lr", "lr+sd"]
@@ -204,11 +204,15 @@ class LookaheadReasoner:
         judge: the engine of the ``llm`` verifier (optional).
         defaults: default :class:`LROptions`.
         use_chat_template: wrap plain prompts as one user message when a model has a chat template.
+        reasoning_parser: how answers split into reasoning and final answer
+            (:func:`~lookahead_reasoning.steps.split_reasoning`; speculation runs over both alike).
     """
 
     def __init__(self, target: Engine, draft: Engine | None = None, judge: Engine | None = None,
-                 defaults: LROptions | None = None, use_chat_template: bool = True) -> None:
+                 defaults: LROptions | None = None, use_chat_template: bool = True,
+                 reasoning_parser: ReasoningParser = "none") -> None:
         self.target, self.draft, self.judge_engine = target, draft, judge
+        self.reasoning_parser = reasoning_parser
         self.defaults = defaults or LROptions()
         self.use_chat_template = use_chat_template
         self._verifiers: dict[tuple, Verifier] = {}

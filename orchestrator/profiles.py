@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from .lookahead import LROptions
+from .steps import ReasoningParser
 from .verifiers import VerifierConfig
 
 ENGINES_DIR = Path(os.environ.get("LOOKAHEAD_ENGINES_DIR", Path(__file__).resolve().parents[1] / "engines"))
@@ -60,6 +61,9 @@ class Profile(BaseModel):
     judge: ModelSpec | None = None
     options: LROptions = LROptions()
     max_gamma_cap: int = Field(8, ge=0, description="largest gamma a request may ask for")
+    reasoning_parser: ReasoningParser = Field(
+        "none", description="how answers split into reasoning and final answer (vLLM's --reasoning-parser names): "
+                            "generate --json and /v1/chat/completions return them as reasoning_content and content")
 
 
 PROFILES: dict[str, Profile] = {
@@ -111,7 +115,7 @@ def build_reasoner(profile: Profile, need_draft: bool = True, need_judge: bool =
     # torch pool per process (a second one slows the first: see backends.portable).
     same = profile.judge is not None and profile.judge == profile.target
     judge = (target if same else make_engine(profile.judge)) if (need_judge and profile.judge) else None
-    return LookaheadReasoner(target, draft, judge, defaults=profile.options)
+    return LookaheadReasoner(target, draft, judge, defaults=profile.options, reasoning_parser=profile.reasoning_parser)
 
 
 def close_reasoner(reasoner) -> None:

@@ -74,21 +74,96 @@ def split_steps(text: str, delimiter: str = DEFAULT_DELIMITER) -> list[str]:
     return out
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """Separate ``<think> ... </think>`` reasoning from the final answer (as vLLM's reasoning parsers).
+#: Reasoning parsers (vLLM's ``--reasoning-parser`` names): ``deepseek_r1`` for models whose chat template
+#: opens ``<think>`` in the generation prompt (the output starts inside the reasoning; no ``</think>`` yet means
+#: it is all reasoning), ``qwen3`` for models that write ``<think>`` themselves, ``none`` to leave text whole.
+ReasoningParser = Literal["none", "deepseek_r1", "qwen3"]
+
+
+def split_reasoning(text: str, parser: ReasoningParser = "qwen3") -> tuple[str | None, str]:
+    """Separate ``<think> ... </think>`` reasoning from the final answer (vLLM's reasoning parsers, see
+    https://docs.vllm.ai/en/latest/features/reasoning_outputs.html).
+
+    Args:
+        text: the generated text (str).
+        parser: ``qwen3``: reasoning only when the output opens with ``<think>``, up to the first ``</think>``
+            (unclosed: everything after the tag); ``deepseek_r1``: the prompt opened the block, so the reasoning
+            is everything up to the first ``</think>`` (a leading ``<think>`` dropped), all of it if none yet;
+            ``none``: no split.
 
     Returns:
-        ``(reasoning, answer)``: with a closing ``</think>`` the reasoning is the text before it (an opening
-        ``<think>`` removed) and the answer the text after it; an unclosed ``<think>`` makes everything
-        reasoning and the answer empty; without tags ``reasoning`` is None and the answer is the whole text.
+        ``(reasoning, answer)``, both stripped; ``reasoning`` is None when the parser finds no reasoning block,
+        and then the answer is the whole text, unchanged.
     """
-    stripped = text.lstrip()
-    if THINK_CLOSE in text:
-        reasoning, answer = text.split(THINK_CLOSE, 1)
-        reasoning = reasoning.lstrip()
-        if reasoning.startswith(THINK_OPEN):
-            reasoning = reasoning[len(THINK_OPEN):]
-        return reasoning.strip(), answer.strip()
-    if stripped.startswith(THINK_OPEN):
-        return stripped[len(THINK_OPEN):].strip(), ""
-    return None, text.strip()
+    head = text.lstrip()
+    opened = head.startswith(THINK_OPEN)
+    if parser == "none" or (parser == "qwen3" and not opened):
+        return None, text
+    if opened:
+        head = head[len(THINK_OPEN):]
+    reasoning, _, answer = head.partition(THINK_CLOSE)
+    return reasoning.strip(), answer.strip()
+
+
+class ReasoningStream:
+    """Incremental :func:`split_reasoning` of streamed text: each delta becomes a reasoning delta, an answer
+    delta, or both (the one holding ``</think>``), as vLLM streams ``reasoning_content`` then ``content``.
+
+    Tags are never emitted. Text that could be the start of a tag split across deltas is held back until the
+    next delta (or :meth:`flush`) decides it.
+    """
+
+    def __init__(self, parser: ReasoningParser = "qwen3") -> None:
+        self.parser = parser
+        self._state = "reasoning" if parser == "deepseek_r1" else ("start" if parser == "qwen3" else "answer")
+        self._held = ""
+        self._seen = False  # deepseek_r1: whether the text that decides about a leading <think> has arrived
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        """Returns ``(reasoning_delta, answer_delta)`` (either may be ``""``)."""
+        text, self._held = self._held + delta, ""
+        reasoning, answer = "", ""
+        if self._state == "start":  # qwen3: reasoning only if the output opens with <think>
+            head = text.lstrip()
+            if head.startswith(THINK_OPEN):
+                self._state, text = "reasoning", head[len(THINK_OPEN):]
+            elif THINK_OPEN.startswith(head):  # maybe the tag, not complete yet (or only whitespace so far)
+                self._held = text
+                return "", ""
+            else:
+                self._state = "answer"
+        if self._state == "reasoning" and self.parser == "deepseek_r1" and not self._seen:  # a leading <think>
+            head = text.lstrip()
+            if not head or (THINK_OPEN.startswith(head) and head != THINK_OPEN):
+                self._held = text
+                return "", ""
+            text, self._seen = (head[len(THINK_OPEN):] if head.startswith(THINK_OPEN) else text), True
+        if self._state == "reasoning":
+            i = text.find(THINK_CLOSE)
+            if i >= 0:
+                reasoning, text, self._state = text[:i], text[i + len(THINK_CLOSE):].lstrip(), "answer_start"
+            else:
+                keep = _partial_suffix(text, THINK_CLOSE)
+                reasoning, self._held = text[: len(text) - keep], text[len(text) - keep:]
+                return reasoning, ""
+        if self._state == "answer_start":  # drop the blank lines after </think>
+            text = text.lstrip()
+            if not text:
+                return reasoning, ""
+            self._state = "answer"
+        return reasoning, answer + text
+
+    def flush(self) -> tuple[str, str]:
+        """The held-back text at the end of the stream (it was not a tag after all)."""
+        held, self._held = self._held, ""
+        if not held:
+            return "", ""
+        return (held, "") if self._state == "reasoning" else ("", held)
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0

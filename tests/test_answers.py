@@ -162,3 +162,13 @@ def test_reference_solutions_grade_correct():
     rows = [json.loads(x) for x in (data_dir() / DATASET_FILES["math500"]).read_text().splitlines()]
     items = load_items("math500")
     assert sum(check_answer(i, r["solution"]) for i, r in zip(items, rows)) == len(rows) == 500
+
+
+def test_only_the_final_answer_is_graded_not_the_reasoning():
+    item = EvalItem("s", "synthetic", "q", None, "12")
+    trace = "Running total: 12 dollars.\n\nSo the answer is 12.\n\n"
+    # the trace ends on the right number, but a trace without </think> has no final answer yet
+    assert check_answer(item, trace, "deepseek_r1") is False
+    assert check_answer(item, trace + "</think>\n\nAnswer: 12.\n\n#### 12", "deepseek_r1") is True
+    assert check_answer(item, "<think>" + trace + "</think>\n\nAnswer: 13.\n\n#### 13", "qwen3") is False
+    assert check_answer(item, "Total: 12 dollars.\n\n#### 12", "none") is True

@@ -31,13 +31,29 @@ def test_generate_json(tiny_profile):
     out = _cli("generate", "--config", tiny_profile, "--prompt", "Step 1: 4 + 4", "--json", "--gamma", "2")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert set(doc) == {"text", "mode", "metrics"} and doc["mode"] == "lr+sd"
+    assert set(doc) == {"text", "reasoning_content", "content", "mode", "metrics"} and doc["mode"] == "lr+sd"
+    assert doc["reasoning_content"] is None and doc["content"] == doc["text"]  # the profile has no reasoning parser
     m = doc["metrics"]
     for key, typ in (("generated_tokens", int), ("seconds", float), ("tokens_per_s", float), ("cycles", int)):
         assert isinstance(m[key], typ)
     assert m["generated_tokens"] == 24
     assert m["acceptance_rate"] is None or 0 <= m["acceptance_rate"] <= 1
     assert m["cost_model"]["c"] > 0 and m["speedup_estimate"] > 0
+
+
+def test_generate_json_splits_reasoning(tiny_profile, tmp_path):
+    """With reasoning_parser deepseek_r1 the chat template opened <think>: an answer without </think> is all
+    reasoning and no final answer yet (vLLM's deepseek_r1 parser)."""
+    from lookahead_reasoning.steps import split_reasoning
+
+    cfg = yaml.safe_load(open(tiny_profile))
+    path = tmp_path / "r1.yaml"
+    path.write_text(yaml.safe_dump({**cfg, "reasoning_parser": "deepseek_r1"}))
+    out = _cli("generate", "--config", str(path), "--prompt", "Step 1: 4 + 4", "--json", "--mode", "ar")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["reasoning_content"], doc["content"]) == split_reasoning(doc["text"], "deepseek_r1")
+    assert doc["reasoning_content"] == doc["text"].split("</think>")[0].strip()
 
 
 @pytest.mark.parametrize("args, flag", [

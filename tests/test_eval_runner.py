@@ -64,6 +64,10 @@ def test_mt_bench_two_turns_humaneval_graded_and_long_prompts_skipped(reasoner):
     assert rep.graded == 1 and rep.outputs[1]["correct"] is False  # a random tiny model fails HumanEval/0
     doc = report_json("mixed", reports)
     assert doc["modes"]["ar"]["skipped_too_long"] == 1 and doc["modes"]["ar"]["turns"] == 3
+    # steps per answer: the last turn of each measured item, split at the step delimiter
+    last = [rep.outputs[0]["text"][-1], rep.outputs[1]["text"]]
+    want = sum(len([s for s in t.split("\n\n")[:-1]]) + (1 if t and not t.endswith("\n\n") else 0) for t in last) / 2
+    assert doc["modes"]["ar"]["steps_per_answer"] == pytest.approx(want)
 
 
 def test_gamma_sweep_and_plots(reasoner, tmp_path):

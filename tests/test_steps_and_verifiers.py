@@ -32,14 +32,48 @@ def test_split_steps_rejects_empty_delimiter():
         StepConfig(delimiter="")
 
 
-@pytest.mark.parametrize("text, reasoning, answer", [
-    ("<think>a\n\nb</think>\n\nThe answer is 4.", "a\n\nb", "The answer is 4."),
-    ("a then b</think>final", "a then b", "final"),
-    ("<think>still thinking", "still thinking", ""),
-    ("no tags at all", None, "no tags at all"),
+@pytest.mark.parametrize("text, parser, reasoning, answer", [
+    ("<think>a\n\nb</think>\n\nThe answer is 4.", "qwen3", "a\n\nb", "The answer is 4."),
+    ("<think>a\n\nb</think>\n\nThe answer is 4.", "deepseek_r1", "a\n\nb", "The answer is 4."),
+    ("a then b</think>final", "deepseek_r1", "a then b", "final"),
+    ("a then b</think>final", "qwen3", None, "a then b</think>final"),
+    ("<think>still thinking", "qwen3", "still thinking", ""),
+    ("no tags at all", "qwen3", None, "no tags at all"),
 ])
-def test_split_reasoning(text, reasoning, answer):
-    assert split_reasoning(text) == (reasoning, answer)
+def test_split_reasoning(text, parser, reasoning, answer):
+    assert split_reasoning(text, parser) == (reasoning, answer)
+
+
+def test_split_reasoning_parsers():
+    # deepseek_r1: the chat template opened <think>, so untagged text is reasoning still in progress
+    assert split_reasoning("step 1\n\nstep 2", "deepseek_r1") == ("step 1\n\nstep 2", "")
+    assert split_reasoning("step 1\n\n</think>\n\nAnswer: 4.\n\n#### 4", "deepseek_r1") == ("step 1", "Answer: 4.\n\n#### 4")
+    assert split_reasoning("no tags", "qwen3") == (None, "no tags")
+    assert split_reasoning("a</think>b", "none") == (None, "a</think>b")
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(st.sampled_from(["<think>", "</think>", "\n\n", "step 1.", " 4 + 5 = 9.", "<", "</th", "ink>", "#### 9"]),
+                      max_size=12),
+       cuts=st.lists(st.integers(0, 200), max_size=6),
+       parser=st.sampled_from(["qwen3", "deepseek_r1", "none"]))
+def test_reasoning_stream_matches_split(parts, cuts, parser):
+    """Streamed in any chunking, the reasoning and answer deltas add up to what split_reasoning gives."""
+    from lookahead_reasoning.steps import ReasoningStream
+
+    text = "".join(parts)
+    bounds = sorted({0, len(text), *[c % (len(text) + 1) for c in cuts]})
+    stream, r, a = ReasoningStream(parser), "", ""
+    for lo, hi in zip(bounds, bounds[1:]):
+        dr, da = stream.feed(text[lo:hi])
+        r, a = r + dr, a + da
+    dr, da = stream.flush()
+    r, a = r + dr, a + da
+    want_r, want_a = split_reasoning(text, parser)
+    assert r.strip() == (want_r or "")
+    assert a.strip() == want_a.strip()
+    if want_r is None:
+        assert r == "" and a == text
 
 
 def _step(text, ids=None):

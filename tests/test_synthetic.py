@@ -155,7 +155,7 @@ def check_long_problem(p: syn.Problem) -> None:
     assert p.style == "long" and len(p.steps) == len(p.specs)
     assert [sp.kind for sp in p.specs[-3:]] == ["conclude", "close", "final"] and p.specs[0].kind == "plan"
     assert p.steps.count("</think>") == 1 and "<think>" not in p.solution
-    reasoning, answer = split_reasoning(p.solution)
+    reasoning, answer = split_reasoning(p.solution, "deepseek_r1")  # the chat template opens <think>
     assert answer.endswith(f"#### {p.answer}") and extract_answer(answer) == p.answer
     assert p.steps[-3] not in answer and p.steps[-1] in answer
     calcs = [sp for sp in p.specs if sp.kind in syn.STEP_KINDS]

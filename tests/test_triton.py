@@ -98,6 +98,30 @@ def test_openai_front(openai_front, items):
         client.completions.create(model="demo", prompt="x", max_tokens=8, extra_body={"gamma": -1})
 
 
+def test_openai_front_splits_reasoning(openai_front, triton_server, items):
+    """Chat answers are split by the served profile's reasoning parser, streamed and not, exactly as
+    split_reasoning splits the raw text the server generated for the same messages."""
+    import openai
+
+    from lookahead_reasoning.steps import split_reasoning
+
+    grpc = TritonLRClient(triton_server.grpc_url, "grpc")
+    parser = _run(grpc.server_profile())["parameters"]["reasoning_parser"]
+    client = openai.OpenAI(base_url=f"http://{openai_front}/v1", api_key="unused")
+    messages = [{"role": "user", "content": items[1].prompt}]
+    raw = _run(grpc.generate(None, messages, max_tokens=MAX_TOKENS)).text
+    want_reasoning, want_content = split_reasoning(raw, parser)
+    msg = client.chat.completions.create(model="demo", messages=messages, max_tokens=MAX_TOKENS).choices[0].message
+    got = msg.model_dump()
+    assert got.get("reasoning_content") == want_reasoning and msg.content == want_content
+    reasoning, content = "", ""
+    for c in client.chat.completions.create(model="demo", messages=messages, max_tokens=MAX_TOKENS, stream=True):
+        delta = c.choices[0].delta.model_dump()
+        reasoning += delta.get("reasoning_content") or ""
+        content += delta.get("content") or ""
+    assert reasoning.strip() == (want_reasoning or "") and content.strip() == want_content.strip()
+
+
 @pytest.mark.parametrize("mode", ["ar", "lr+sd"])
 def test_greedy_output_equals_in_process(triton_server, in_process, items, mode):
     client = TritonLRClient(triton_server.grpc_url, "grpc")

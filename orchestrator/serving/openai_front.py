@@ -5,6 +5,11 @@ Endpoints as vLLM / trtllm-serve users expect: ``GET /v1/models``, ``POST /v1/co
 chunk per decided reasoning step). Request fields follow the OpenAI API (``prompt`` / ``messages``,
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``) plus the extensions ``top_k``,
 ``mode``, ``gamma`` and ``judge``. Bad input answers HTTP 400 with ``{"error": {"message", "type", "param"}}``.
+
+Reasoning: with the profile's ``reasoning_parser`` (``deepseek_r1`` or ``qwen3``, vLLM's names) a chat answer
+is split as vLLM's reasoning parsers do: the trace goes to ``message.reasoning_content`` (and ``reasoning``, its
+name since vLLM 0.11), the final answer to ``content``; streamed deltas carry one or the other. Completions
+(``/v1/completions``) return the raw text.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..steps import ReasoningStream, split_reasoning
 from .client import ServerError, TritonLRClient
 
 
@@ -72,12 +78,15 @@ def create_app(grpc_url: str, model_name: str | None = None):
     client = TritonLRClient(grpc_url, "grpc")
     state: dict[str, str] = {}
 
+    async def server_facts() -> dict[str, str]:
+        if not state:
+            prof = await client.server_profile()
+            state["name"] = prof.get("profile") or "lookahead-reasoning"
+            state["reasoning_parser"] = prof["parameters"].get("reasoning_parser") or "none"
+        return state
+
     async def served_model() -> str:
-        if model_name:
-            return model_name
-        if "name" not in state:
-            state["name"] = (await client.server_profile()).get("profile") or "lookahead-reasoning"
-        return state["name"]
+        return model_name or (await server_facts())["name"]
 
     def error(status: int, message: str, param: str | None = None) -> JSONResponse:
         return JSONResponse(status_code=status, content={
@@ -119,7 +128,11 @@ def create_app(grpc_url: str, model_name: str | None = None):
                      "total_tokens": m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)}
             finish = _finish(m.get("finish_reason"))
             if kind == "chat":
-                choice = {"index": 0, "message": {"role": "assistant", "content": ans.text}, "finish_reason": finish}
+                reasoning, content = split_reasoning(ans.text, (await server_facts())["reasoning_parser"])
+                message = {"role": "assistant", "content": content}
+                if reasoning is not None:  # vLLM's field names (``reasoning`` in vLLM >= 0.11)
+                    message["reasoning_content"] = message["reasoning"] = reasoning
+                choice = {"index": 0, "message": message, "finish_reason": finish}
                 obj = "chat.completion"
             else:
                 choice = {"index": 0, "text": ans.text, "finish_reason": finish, "logprobs": None}
@@ -136,12 +149,16 @@ def create_app(grpc_url: str, model_name: str | None = None):
             field, _ = describe(ValueError(str(exc)))
             return error(400, str(exc), field or None)
 
-        def chunk(text: str | None, finish: str | None, first_chunk: bool = False) -> str:
+        splitter = ReasoningStream((await server_facts())["reasoning_parser"]) if kind == "chat" else None
+
+        def chunk(text: str | None, finish: str | None, first_chunk: bool = False, reasoning: str = "") -> str:
             if kind == "chat":
                 delta: dict[str, Any] = {}
                 if first_chunk:
                     delta["role"] = "assistant"
-                if text is not None:
+                if reasoning:
+                    delta["reasoning_content"] = delta["reasoning"] = reasoning
+                if text:
                     delta["content"] = text
                 payload = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -163,10 +180,16 @@ def create_app(grpc_url: str, model_name: str | None = None):
                         except StopAsyncIteration:
                             break
                     if c.metrics is not None:
+                        if splitter is not None:
+                            reasoning, text = splitter.flush()
+                            if reasoning or text:
+                                yield chunk(text, None, first_chunk, reasoning)
                         yield chunk(None if kind == "chat" else "", _finish(c.metrics.get("finish_reason")))
                         break
-                    yield chunk(c.text, None, first_chunk)
-                    first_chunk = False
+                    reasoning, text = splitter.feed(c.text) if splitter is not None else ("", c.text)
+                    if reasoning or text or first_chunk:
+                        yield chunk(text, None, first_chunk, reasoning)
+                        first_chunk = False
             except (ServerError, ValueError) as exc:
                 yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
             finally:

@@ -188,6 +188,8 @@ def prepare_repository(profile_name: str | None, profile_config: str | None, mod
     out = Path(model_repository) if model_repository else Path(tempfile.mkdtemp(prefix="lr-triton-"))
     threads = threads or {r: getattr(profile, r).num_threads or 1 for r in roles}
     cfg = str(Path(profile_config).resolve()) if profile_config else None
+    # the OpenAI-compatible front reads the reasoning parser from the model configuration (GET .../config)
+    limits = {**(limits or {}), "reasoning_parser": profile.reasoning_parser}
     return render_repository(out, profile.name, cfg, roles, threads, limits)
 
 
