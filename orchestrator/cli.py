@@ -9,101 +9,41 @@ import sys
 
 from .bench import register as register_bench
 from .engine_build import register as register_build
-from .eval_cli import add_eval_arguments, cmd_eval
-from .lookahead import MODES
-from .verifiers import JUDGES
+from .eval_cli import EVAL_SKIP, add_eval_arguments, cmd_eval
+from .request import add_request_flags, request_values
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# Option fields -> the CLI flag that sets them, for one-line errors naming the argument.
-_FLAGS = {
-    "gamma": "--gamma", "max_gamma": "--gamma", "mode": "--mode", "width": "--width", "temperature": "--temperature",
-    "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed", "max_tokens": "--max-tokens", "delimiter": "--delimiter",
-    "max_step_tokens": "--max-step-tokens", "name": "--judge", "prompt": "--prompt", "messages": "--messages",
-    "stop": "--stop", "profile": "--profile", "config": "--config", "dataset": "--dataset", "modes": "--modes",
-}
+# Flags that are not request fields (those are named by lookahead_reasoning.request), for one-line errors.
+_OTHER_FLAGS = {"profile": "--profile", "config": "--config", "dataset": "--dataset", "modes": "--modes"}
 
 
 def format_error(exc: Exception) -> str:
-    """One line naming the offending argument (the CLI flag where there is one)."""
-    from .errors import describe
+    """One line naming the offending argument by its flag (request fields through
+    :func:`lookahead_reasoning.request.front_error`)."""
+    from .request import front_error
 
-    field, msg = describe(exc)
-    parts = field.split(".")  # a nested path ("sampling.temperature", "judge.name"): its flag, if any
-    flag = _FLAGS.get(field) or _FLAGS.get(parts[-1]) or _FLAGS.get(parts[0]) or field
-    return f"{flag}: {msg}" if flag else msg
+    line = front_error(exc, "cli")
+    head, sep, rest = line.partition(":")
+    return f"{_OTHER_FLAGS[head]}:{rest}" if sep and head in _OTHER_FLAGS else line
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, help="built-in profile (default: demo)")
     p.add_argument("--config", default=None, help="profile YAML file (overrides --profile)")
-    p.add_argument("--gamma", type=int, default=None, help="lookahead depth (default 4)")
-    p.add_argument("--judge", choices=JUDGES, default=None, help="step verifier (default: the profile's)")
-    p.add_argument("--async", dest="async_mode", action="store_true", help="pipelined asynchronous loop")
-    p.add_argument("--adaptive-gamma", action="store_true", help="adapt gamma to acceptance and load")
-    p.add_argument("--width", type=int, default=None, help="draft candidates per depth (sync loop)")
-    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=None, help="new-token budget")
-    p.add_argument("--max-step-tokens", type=int, default=None, help="tokens per step at most (default 100)")
-    p.add_argument("--delimiter", default=None, help='step delimiter (default "\\n\\n"; escapes like \\n allowed)')
-    p.add_argument("--stop", action="append", default=None, help="user stop string (repeatable)")
-
-
-def _options(defaults, args, mode: str | None = None):
-    from .lookahead import with_overrides
-
-    sampling = defaults.sampling.model_dump()
-    for key, val in (("temperature", args.temperature), ("top_p", args.top_p), ("top_k", args.top_k),
-                     ("seed", args.seed)):
-        if val is not None:
-            sampling[key] = val
-    step = defaults.step.model_dump()
-    if args.delimiter is not None:
-        step["delimiter"] = args.delimiter.encode().decode("unicode_escape")
-    if args.max_step_tokens is not None:
-        step["max_step_tokens"] = args.max_step_tokens
-    judge = defaults.judge.model_dump()
-    if args.judge:
-        judge["name"] = args.judge
-    return with_overrides(
-        defaults,
-        mode=mode, gamma=args.gamma, width=args.width, async_mode=args.async_mode or None,
-        adaptive_gamma=args.adaptive_gamma or None, max_tokens=args.max_tokens,
-        stop=tuple(args.stop) if args.stop else None, sampling=sampling, step=step, judge=judge,
-    )
-
-
-def _prepare(args, modes):
-    """Validate everything, then start the engines: returns ``(reasoner, options)``."""
-    from .profiles import build_reasoner, load_profile
-
-    profile = load_profile(args.profile, args.config)
-    opts = _options(profile.options, args, modes[0])
-    if opts.gamma > profile.max_gamma_cap:
-        raise ValueError(f"gamma: {opts.gamma} exceeds this profile's cap of {profile.max_gamma_cap}")
-    speculative = any(m in ("lr", "lr+sd") for m in modes)
-    judge_needed = speculative and opts.judge.name == "llm"
-    return build_reasoner(profile, need_draft=speculative, need_judge=judge_needed), opts
 
 
 def cmd_generate(args) -> int:
     from .calibration import calibrate_reasoner
-    from .profiles import close_reasoner
+    from .profiles import build_reasoner_for, close_reasoner, load_profile
+    from .request import Limits, parse_request
 
-    messages = None
-    if args.messages is not None:
-        try:
-            messages = json.loads(args.messages)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"messages: not valid JSON ({exc.msg})") from None
-    from .lookahead import validate_input
-
-    validate_input(args.prompt, messages)
-    reasoner, opts = _prepare(args, [args.mode])
+    profile = load_profile(args.profile, args.config)
+    req, opts = parse_request(request_values(args), profile.options, Limits(max_gamma=profile.max_gamma_cap))
+    messages = req.chat()
+    args.prompt = req.prompt
+    reasoner = build_reasoner_for(profile, opts, [opts.mode])
     try:
         if opts.speculative and args.json:
             reasoner.cost_model = calibrate_reasoner(reasoner, args.prompt, messages,
@@ -179,10 +119,11 @@ def cmd_serve(args) -> int:
 def cmd_client(args) -> int:
     import asyncio
 
+    from .request import BY_NAME
     from .serving.client import TritonLRClient
 
-    params = {"max_tokens": args.max_tokens, "mode": args.mode, "gamma": args.gamma, "judge": args.judge,
-              "temperature": args.temperature, "seed": args.seed}
+    values = request_values(args, skip=("prompt",))
+    params = {BY_NAME[k].triton: v for k, v in values.items()}  # the server validates, naming Triton inputs
     client = TritonLRClient(args.url, args.protocol)
 
     async def go():
@@ -201,12 +142,13 @@ def cmd_client(args) -> int:
             sys.stdout.write(ans.text)
         return ans.text, ans.metrics
 
+    from .request import translate
     from .serving.client import ServerError
 
     try:
         text, metrics = asyncio.run(go())
     except (ValueError, ServerError) as exc:
-        raise ValueError(str(exc)) from None
+        raise ValueError(translate(str(exc).splitlines()[0], "triton", "cli")) from None
     except Exception as exc:  # noqa: BLE001 - server/transport errors: one line, non-zero exit
         raise ValueError(f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
     if args.json:
@@ -230,21 +172,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="answer one prompt in-process")
-    g.add_argument("--prompt", default=None)
-    g.add_argument("--messages", default=None, help='chat messages as JSON: [{"role": "user", "content": "..."}]')
-    g.add_argument("--mode", choices=MODES, default="lr+sd")
+    _profile_flags(g)
+    add_request_flags(g)
     g.add_argument("--json", action="store_true",
                    help="print one JSON object: text, reasoning_content and content (split by the profile's "
                         "reasoning_parser), mode, metrics")
-    _common(g)
     g.set_defaults(func=cmd_generate)
 
-    e = sub.add_parser("eval", help="accuracy and speed per mode on datasets", conflict_handler="resolve")
+    e = sub.add_parser("eval", help="accuracy and speed per mode on datasets")
     e.add_argument("--limit", type=int, default=None)
     e.add_argument("--modes", default="ar,sd,lr,lr+sd")
     e.add_argument("--out", default=None, help="write the JSON report here")
     e.add_argument("--keep-outputs", action="store_true", help="include every answer in the report")
-    _common(e)
+    _profile_flags(e)
+    add_request_flags(e, skip=EVAL_SKIP)
     add_eval_arguments(e)
     e.set_defaults(func=cmd_eval)
     register_bench(sub)
@@ -278,12 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prompt", required=True)
     c.add_argument("--stream", action="store_true", help="print steps as they arrive")
     c.add_argument("--json", action="store_true")
-    c.add_argument("--mode", choices=MODES, default=None)
-    c.add_argument("--gamma", type=int, default=None)
-    c.add_argument("--judge", choices=JUDGES, default=None)
-    c.add_argument("--max-tokens", type=int, default=None)
-    c.add_argument("--temperature", type=float, default=None)
-    c.add_argument("--seed", type=int, default=None)
+    add_request_flags(c, skip=("prompt", "messages"))
     c.set_defaults(func=cmd_client)
     return parser
 
@@ -294,8 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "command", None) == "generate" and (args.prompt is None) == (args.messages is None):
-        parser.error("--prompt: give exactly one of --prompt or --messages")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, ImportError) as exc:

@@ -3,6 +3,36 @@
 from __future__ import annotations
 
 
+class FieldError(ValueError):
+    """A bad value: ``field`` (a path such as ``gamma`` or ``messages[1].role``) and ``message``; ``str()`` reads
+    ``"field: message"``. Fronts name the field in their own terms (:func:`lookahead_reasoning.request.front_error`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field, self.message = field, message
+
+
+def field_path(loc) -> str:
+    """A pydantic error location as a path: ``("messages", 1, "role")`` -> ``"messages[1].role"``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def from_validation(exc, field_of=field_path) -> FieldError:
+    """The first error of a pydantic ``ValidationError`` as a :class:`FieldError` (``field_of`` maps its
+    location to a field; a model-level validator's ``"field: ..."`` message names the field itself)."""
+    first = exc.errors()[0]
+    msg = str(first.get("msg", exc)).replace("Value error, ", "")
+    field = field_of(tuple(first.get("loc", ())))
+    if not field and ":" in msg:
+        head, rest = msg.split(":", 1)
+        if head.isidentifier():
+            field, msg = head, rest.strip()
+    return FieldError(field, msg)
+
+
 def describe(exc: BaseException) -> tuple[str, str]:
     """``(field, message)`` for an exception; pydantic validation errors name the field through their location,
     our own ``ValueError``s start with ``"field: "``. ``field`` is "" when unknown."""

@@ -1,12 +1,8 @@
 """The ``eval`` command's handler: several datasets, a ``--gamma`` sweep, plots (argument handling only).
 
-Wiring in :mod:`.cli` (the ``eval`` parser is created with ``conflict_handler="resolve"`` so that the flags
-added here replace the common ``--gamma``/``--dataset``)::
-
-    e = sub.add_parser("eval", help=..., conflict_handler="resolve")
-    ...; _common(e)
-    add_eval_arguments(e)
-    e.set_defaults(func=cmd_eval)
+Wiring in :mod:`.cli`: the request's flags without those ``eval`` sets itself (:data:`EVAL_SKIP`: the prompt
+comes from the datasets, the modes from ``--modes``, and ``--gamma`` is a list here), then
+:func:`add_eval_arguments`.
 """
 
 from __future__ import annotations
@@ -17,6 +13,9 @@ import sys
 from pathlib import Path
 
 from .answers import DATASETS
+
+#: Request fields the ``eval`` command does not take as request flags.
+EVAL_SKIP = ("prompt", "messages", "mode", "gamma")
 
 
 def add_eval_arguments(e: argparse.ArgumentParser) -> None:
@@ -113,13 +112,13 @@ def cmd_eval(args) -> int:
 
     from .bench_report import environment
     from .calibration import calibrate_reasoner
-    from .cli import _prepare
     from .evaluation import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE,
                              WARMUP_REQUESTS, gamma_row,
                              load_average, load_with_spare, measurement_block, plot_eval, report_json, run_interleaved,
                              sweep_options, uses_chat_template, write_json)
     from .lookahead import parse_modes
-    from .profiles import close_reasoner, load_profile
+    from .profiles import build_reasoner_for, close_reasoner, load_profile
+    from .request import Limits, parse_request, request_values
 
     load_start = load_average()  # before this process loads the CPU: the 1-minute average counts it too
 
@@ -128,7 +127,8 @@ def cmd_eval(args) -> int:
         raise ValueError("--limit: must be > 0")
     gammas = parse_gammas(args.gamma)
     sweep = len(gammas) > 1
-    cap = load_profile(args.profile, args.config).max_gamma_cap
+    profile = load_profile(args.profile, args.config)
+    cap = profile.max_gamma_cap
     if any(g > cap for g in gammas):
         raise ValueError(f"--gamma: {max(gammas)} exceeds this profile's cap of {cap}")
     datasets = [d.strip() for d in args.dataset.split(",") if d.strip()]
@@ -137,8 +137,10 @@ def cmd_eval(args) -> int:
     loaded = {d: load_with_spare(d, args.limit) for d in datasets}
     items = {d: its for d, (its, _) in loaded.items()}
     spec_modes = [m for m in modes if m in ("lr", "lr+sd")]
-    ns = argparse.Namespace(**{**vars(args), "gamma": None if sweep or not gammas else gammas[0]})
-    reasoner, base = _prepare(ns, modes)
+    values = request_values(args, skip=EVAL_SKIP)
+    values.update({"mode": modes[0], "gamma": None if sweep or not gammas else gammas[0]})
+    _, base = parse_request(values, profile.options, Limits(max_gamma=cap), require_input=False)
+    reasoner = build_reasoner_for(profile, base, modes)
     runs = {mode: base.model_copy(update={"mode": mode}) for mode in modes}
     if sweep:  # the other gammas (and ar, the sweep's baseline) interleaved with the modes, item by item
         runs.setdefault("ar", base.model_copy(update={"mode": "ar"}))

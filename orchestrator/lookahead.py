@@ -34,10 +34,11 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Sequence, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
 
 from .backends.base import (Engine, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig,
                             start_requests)
+from .errors import FieldError, from_validation
 from .metrics import RequestMetrics
 from .steps import ReasoningParser, Step, StepConfig
 from .verifiers import VerifierConfig, Verifier, make_verifier, timed_verify
@@ -222,12 +223,8 @@ class LookaheadReasoner:
 
     # -- prompts ---------------------------------------------------------------------------------------
     def prompt_ids(self, engine: Engine, prompt: str | None, messages: Sequence[dict] | None) -> list[int]:
-        """Prompt token ids for ``engine`` (chat template when available and enabled).
-
-        Raises:
-            ValueError: neither or both of prompt/messages, an empty prompt, or malformed messages.
-        """
-        validate_input(prompt, messages)
+        """Prompt token ids for ``engine`` (chat template when available and enabled); the input is checked once,
+        by :meth:`stream` (:func:`check_input`)."""
         tok = getattr(engine, "tokenizer", None)
         has_template = bool(getattr(tok, "chat_template", None))
         if messages is not None:
@@ -279,6 +276,7 @@ class LookaheadReasoner:
             ValueError: invalid prompt/messages/options, or a speculative mode without a draft engine.
             RuntimeError: a target call failed (wraps the engine's error).
         """
+        check_input(prompt, messages)
         opts = options or self.defaults
         if opts.speculative and self.draft is None:
             raise ValueError(f"mode: {opts.mode!r} needs a draft model (the profile has none)")
@@ -300,25 +298,52 @@ class LookaheadReasoner:
             yield event
 
 
-def validate_input(prompt: str | None, messages: Sequence[dict] | None) -> None:
-    """Raise ``ValueError`` naming ``prompt`` or ``messages`` unless exactly one well-formed input is given."""
+class Message(BaseModel):
+    """One chat message (other keys, such as OpenAI's ``name``, are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant"]
+    content: StrictStr
+
+
+class _Input(BaseModel):
+    prompt: StrictStr | None = None
+    messages: list[Message] | None = None
+
+
+def check_input(prompt: str | None, messages, max_bytes: int | None = None) -> None:
+    """The input of a request: exactly one of ``prompt`` (a non-blank string) or ``messages`` (a non-empty list
+    of ``{role: system|user|assistant, content}``, some content non-blank), valid UTF-8, at most ``max_bytes``
+    UTF-8 bytes of text when given. :meth:`LookaheadReasoner.stream` calls it once per request; the request
+    boundary (:func:`lookahead_reasoning.request.parse_request`) uses it for every front.
+
+    Raises:
+        FieldError: naming ``prompt``, ``messages`` or a path inside it (``messages[1].role``).
+    """
     if (prompt is None) == (messages is None):
-        raise ValueError("prompt: give exactly one of prompt or messages")
-    if messages is not None:
-        if not isinstance(messages, (list, tuple)) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str)
-            and m.get("role") in ("system", "user", "assistant") for m in messages
-        ):
-            raise ValueError("messages: expected a non-empty list of {role: system|user|assistant, content: str}")
-        if not any(m["content"].strip() for m in messages):
-            raise ValueError("messages: all message contents are empty")
-    elif not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("prompt: empty or whitespace-only prompt")
-    for text in [prompt] if prompt is not None else [m["content"] for m in messages]:
+        raise FieldError("prompt", "give exactly one of prompt or messages")
+    try:
+        given = _Input.model_validate({"prompt": prompt} if prompt is not None else {"messages": messages})
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+    if given.messages is not None and not given.messages:
+        raise FieldError("messages", "expected a non-empty list of {role: system|user|assistant, content: str}")
+    if given.prompt is not None and not given.prompt.strip():
+        raise FieldError("prompt", "empty or whitespace-only prompt")
+    if given.messages is not None and not any(m.content.strip() for m in given.messages):
+        raise FieldError("messages", "all message contents are empty")
+    texts = [("prompt", given.prompt)] if given.prompt is not None else [
+        (f"messages[{i}].content", m.content) for i, m in enumerate(given.messages)]
+    size = 0
+    for field_name, text in texts:
         try:
-            text.encode("utf-8")
+            size += len(text.encode("utf-8"))
         except UnicodeEncodeError:
-            raise ValueError(f"{'prompt' if prompt is not None else 'messages'}: not valid UTF-8") from None
+            raise FieldError(field_name, "not valid UTF-8") from None
+    if max_bytes is not None and size > max_bytes:
+        raise FieldError("prompt" if given.prompt is not None else "messages",
+                         f"{size} bytes exceeds the server limit of {max_bytes}")
 
 
 def with_overrides(defaults: LROptions, **overrides) -> LROptions:

@@ -118,6 +118,13 @@ def build_reasoner(profile: Profile, need_draft: bool = True, need_judge: bool =
     return LookaheadReasoner(target, draft, judge, defaults=profile.options, reasoning_parser=profile.reasoning_parser)
 
 
+def build_reasoner_for(profile: Profile, opts: LROptions, modes):
+    """:func:`build_reasoner` starting only the engines ``modes`` with ``opts`` need (the draft for ``lr`` /
+    ``lr+sd``, the judge engine for the ``llm`` judge)."""
+    speculative = any(m in ("lr", "lr+sd") for m in modes)
+    return build_reasoner(profile, need_draft=speculative, need_judge=speculative and opts.judge.name == "llm")
+
+
 def close_reasoner(reasoner) -> None:
     for e in {id(x): x for x in (reasoner.target, reasoner.draft, reasoner.judge_engine) if x is not None}.values():
         e.close()

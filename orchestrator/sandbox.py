@@ -24,9 +24,17 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
-from .answers import EvalItem
+
+class HumanEvalItem(Protocol):
+    """What grading needs of a HumanEval item (:class:`lookahead_reasoning.answers.EvalItem` has it)."""
+
+    id: str
+    kind: str
+    prompt: str | None
+    test: str | None
+    entry_point: str | None
 
 _GUARD = '''\
 def _install_guard():
@@ -135,7 +143,7 @@ def _code_block(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def humaneval_program(item: EvalItem, text: str) -> str:
+def humaneval_program(item: HumanEvalItem, text: str) -> str:
     """The test program for a completion: the prompt and the model's code, the tests, ``check(entry_point)``.
 
     A fenced code block (chat models) is used as is after the prompt (it redefines the function when it
@@ -151,7 +159,7 @@ def humaneval_program(item: EvalItem, text: str) -> str:
     return f"{program}\n\n{item.test}\n\ncheck({item.entry_point})\n"
 
 
-def check_humaneval(item: EvalItem, text: str, timeout_s: float = 10.0, memory_mb: int = 1024) -> SandboxResult:
+def check_humaneval(item: HumanEvalItem, text: str, timeout_s: float = 10.0, memory_mb: int = 1024) -> SandboxResult:
     """pass@1 of one completion (one sample), graded in a sandboxed subprocess."""
     if item.kind != "humaneval" or not item.test or not item.entry_point:
         raise ValueError(f"item {item.id!r} is not a HumanEval item")

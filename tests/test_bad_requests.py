@@ -1,8 +1,8 @@
-"""A catalogue of bad requests, each sent through the CLI, the Python API, gRPC and HTTP.
+"""A catalogue of bad requests, each sent through the CLI, the Python API, gRPC, HTTP and the OpenAI front.
 
 Every case must get a clear error naming the field (in that channel's own vocabulary: ``--max-tokens`` on the
-command line, ``max_tokens`` elsewhere, ``text_input`` for the prompt on Triton), and the server must answer the
-next good request correctly. Cases that a channel cannot even express (a wrong tensor dtype on the command
+command line, ``max_tokens`` elsewhere, ``text_input`` for the prompt on Triton, ``prompt`` on the OpenAI
+front), and the server must answer the next good request correctly. Cases that a channel cannot even express (a wrong tensor dtype on the command
 line, say) are marked with the channels they apply to.
 """
 
@@ -25,7 +25,7 @@ from lookahead_reasoning.serving.client import TritonLRClient
 
 pytestmark = pytest.mark.server
 
-ALL = ("cli", "python", "grpc", "http")
+ALL = ("cli", "python", "grpc", "http", "openai")
 
 
 @dataclass
@@ -39,17 +39,17 @@ class Case:
 
 def _e(field_name, cli=None, triton=None):
     return {"cli": cli or "--" + field_name.replace("_", "-"), "python": field_name,
-            "grpc": triton or field_name, "http": triton or field_name}
+            "grpc": triton or field_name, "http": triton or field_name, "openai": field_name}
 
 
 CASES = [
     Case("empty prompt", {"text_input": ""}, _e("prompt", triton="text_input")),
     Case("whitespace prompt", {"text_input": "  \n\t "}, _e("prompt", triton="text_input")),
-    Case("invalid utf-8", {"text_input": "bad \udcff bytes"}, _e("prompt", triton="text_input"),
+    Case("invalid utf-8", {"text_input": "bad \udcff bytes"}, _e("prompt", triton="text_input"),  # not JSON-able
          channels=("cli", "python", "grpc"), raw={"text_input": (np.array([b"bad \xff bytes"], dtype=np.object_), "BYTES")}),
     Case("prompt over the context window", {"text_input": "12 " * 700}, _e("prompt", triton="text_input")),
-    Case("prompt over the server's byte limit", {"text_input": "x " * 5000}, {"grpc": "text_input", "http": "text_input"},
-         channels=("grpc", "http")),
+    Case("prompt over the server's byte limit", {"text_input": "x " * 5000},
+         {"grpc": "text_input", "http": "text_input", "openai": "prompt"}, channels=("grpc", "http", "openai")),
     Case("max_tokens 0", {"max_tokens": 0}, _e("max_tokens")),
     Case("max_tokens negative", {"max_tokens": -5}, _e("max_tokens")),
     Case("max_tokens absurd", {"max_tokens": 2_000_000_000}, _e("max_tokens")),
@@ -63,7 +63,8 @@ CASES = [
     Case("top_k negative", {"top_k": -3}, _e("top_k")),
     # Over HTTP generate, Triton's own JSON parser rejects a value of the wrong type before any model sees it,
     # with its message ("Unable to parse 'data': ...", not naming the field) and status 400.
-    Case("non-integer seed", {"seed": 1.5}, {**_e("seed"), "http": "Unable to parse"}, channels=("cli", "python", "http")),
+    Case("non-integer seed", {"seed": 1.5}, {**_e("seed"), "http": "Unable to parse"},
+         channels=("cli", "python", "http", "openai")),
     Case("negative seed", {"seed": -7}, _e("seed")),
     Case("empty delimiter", {"delimiter": ""}, _e("delimiter")),
     Case("max_step_tokens zero", {"max_step_tokens": 0}, _e("max_step_tokens")),
@@ -71,12 +72,12 @@ CASES = [
     Case("empty stop string", {"stop": [""]}, _e("stop")),
     # The Python API takes parsed messages, so JSON syntax is the caller's business there.
     Case("messages not JSON", {"text_input": None, "messages": "[{role: user"}, _e("messages"),
-         channels=("cli", "grpc", "http")),
+         channels=("cli", "grpc", "http", "openai")),
     Case("messages with an unknown role", {"text_input": None, "messages": '[{"role": "robot", "content": "hi"}]'},
          _e("messages")),
     Case("messages empty", {"text_input": None, "messages": "[]"}, _e("messages")),
-    Case("no prompt at all", {"text_input": None}, {"grpc": "text_input", "http": "text_input"},
-         channels=("grpc", "http")),
+    Case("no prompt at all", {"text_input": None}, {"grpc": "text_input", "http": "text_input", "openai": "prompt"},
+         channels=("grpc", "http", "openai")),
     Case("wrong dtype: max_tokens as FP32", {}, {"grpc": "max_tokens"}, channels=("grpc",),
          raw={"max_tokens": (np.array([8.0], dtype=np.float32), "FP32")}),
     Case("wrong dtype: text_input as INT32", {}, {"grpc": "text_input"}, channels=("grpc",),
@@ -85,7 +86,8 @@ CASES = [
          raw={"gamma": (np.array([1, 2], dtype=np.int32), "INT32")}),
     Case("unknown input", {}, {"grpc": "colour", "http": "colour"}, channels=("grpc", "http"),
          raw={"colour": (np.array([b"red"], dtype=np.object_), "BYTES")}),
-    Case("string where a number goes", {"max_tokens": "many"}, {"http": "Unable to parse"}, channels=("http",)),
+    Case("string where a number goes", {"max_tokens": "many"}, {"http": "Unable to parse", "openai": "max_tokens"},
+         channels=("http", "openai")),
 ]
 GOOD = "Step 1: 4 + 4 = 8.\n\nStep 2:"
 
@@ -210,6 +212,45 @@ def test_http(tiny_server, case):
     assert case.expect["http"] in r.json()["error"], r.text
     good = asyncio.run(TritonLRClient(tiny_server.http_url, "http").generate(GOOD, max_tokens=6))
     assert good.metrics["generated_tokens"] == 6
+
+
+@pytest.fixture(scope="module")
+def tiny_openai(tiny_server):
+    from lookahead_reasoning.serving.openai_front import start_front
+    from lookahead_reasoning.serving.server import free_port
+
+    port = free_port()
+    front = start_front(tiny_server.grpc_url, "127.0.0.1", port)
+    yield f"127.0.0.1:{port}"
+    front.stop()
+
+
+def _openai_body(case: Case) -> tuple[str, dict]:
+    """The case as an OpenAI request: the endpoint and a body with the OpenAI names of the fields."""
+    from lookahead_reasoning.request import BY_NAME, canonical
+
+    body = {}
+    for k, v in _request(case).items():
+        name = canonical(k, "triton")
+        body[BY_NAME[name].openai if name in BY_NAME else k] = v
+    if "messages" in body:
+        try:
+            body["messages"] = json.loads(body["messages"])
+        except json.JSONDecodeError:
+            pass  # sent as the string it is
+        return "chat/completions", body
+    return "completions", body
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "openai" in c.channels], ids=lambda c: c.name)
+def test_openai(tiny_openai, case):
+    endpoint, body = _openai_body(case)
+    r = httpx.post(f"http://{tiny_openai}/v1/{endpoint}", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"].startswith(case.expect["openai"]), err
+    good = httpx.post(f"http://{tiny_openai}/v1/completions", json={"prompt": GOOD, "max_tokens": 6}, timeout=60)
+    assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 6
 
 
 def test_catalogue_size():

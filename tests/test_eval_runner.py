@@ -3,7 +3,6 @@ skipped over-long prompts, the gamma sweep, plots, and the ``eval`` handler with
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
@@ -83,8 +82,8 @@ def test_gamma_sweep_and_plots(reasoner, tmp_path):
 
 
 def test_eval_handler_with_gamma_sweep(tiny_model_dir, tiny_draft_dir, tmp_path):
-    from lookahead_reasoning.cli import _common
-    from lookahead_reasoning.eval_cli import add_eval_arguments, cmd_eval, parse_gammas
+    from lookahead_reasoning.cli import build_parser
+    from lookahead_reasoning.eval_cli import cmd_eval, parse_gammas
 
     assert parse_gammas("1,2,2,4") == [1, 2, 4]
     with pytest.raises(ValueError, match="--gamma"):
@@ -93,18 +92,11 @@ def test_eval_handler_with_gamma_sweep(tiny_model_dir, tiny_draft_dir, tmp_path)
     cfg.write_text(yaml.safe_dump({
         "name": "tiny", "target": {"path": str(tiny_model_dir)}, "draft": {"path": str(tiny_draft_dir)},
         "options": {"judge": {"name": "exact"}, "max_tokens": 4, "gamma": 2}, "max_gamma_cap": 4}))
-    # the eval parser as cli.py builds it, with this module's flags replacing --gamma / --dataset
-    p = argparse.ArgumentParser(conflict_handler="resolve")
-    p.add_argument("--dataset", default="synthetic")
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--modes", default="ar,sd,lr,lr+sd")
-    p.add_argument("--out", default=None)
-    p.add_argument("--keep-outputs", action="store_true")
-    _common(p)
-    add_eval_arguments(p)
+    # the eval parser as cli.py builds it: the request's flags without --gamma, which eval takes as a list
+    p = build_parser()
     out = tmp_path / "eval.json"
-    args = p.parse_args(["--config", str(cfg), "--dataset", "synthetic,gsm8k", "--limit", "1", "--modes", "ar,lr",
-                         "--gamma", "1,2", "--out", str(out), "--plots", str(tmp_path / "plots")])
+    args = p.parse_args(["eval", "--config", str(cfg), "--dataset", "synthetic,gsm8k", "--limit", "1", "--modes",
+                         "ar,lr", "--gamma", "1,2", "--out", str(out), "--plots", str(tmp_path / "plots")])
     assert cmd_eval(args) == 0
     doc = json.loads(out.read_text())
     assert [d["dataset"] for d in doc["datasets"]] == ["synthetic", "gsm8k"]
@@ -115,7 +107,7 @@ def test_eval_handler_with_gamma_sweep(tiny_model_dir, tiny_draft_dir, tmp_path)
     assert (tmp_path / "plots" / "speedup_vs_gamma.png").exists()
     md = (tmp_path / "eval.md").read_text()
     assert "## gsm8k (1 items)" in md and "| lr |" in md and "gamma sweep" in md and "plots/speedup_vs_gamma.png" in md
-    too_big = p.parse_args(["--config", str(cfg), "--gamma", "2,8"])
+    too_big = p.parse_args(["eval", "--config", str(cfg), "--gamma", "2,8"])
     with pytest.raises(ValueError, match="cap of 4"):
         cmd_eval(too_big)
 

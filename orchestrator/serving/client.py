@@ -2,8 +2,9 @@
 
 ``TritonLRClient.stream(...)`` yields :class:`StepChunk` objects as steps arrive (the last one carries the
 request's metrics); ``generate(...)`` returns the whole answer. Request parameters are the model's inputs
-(see :mod:`lookahead_reasoning.serving.protocol`): ``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
-``seed``, ``stop``, ``mode``, ``gamma``, ``judge``, ``async``, ``adaptive_gamma``, ``width``.
+(:data:`lookahead_reasoning.request.FIELDS`, Triton names): ``max_tokens``, ``temperature``, ``top_p``,
+``top_k``, ``seed``, ``stop``, ``mode``, ``gamma``, ``judge``, ``async``, ``adaptive_gamma``, ``width``,
+``delimiter``, ``max_step_tokens``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,14 @@ from typing import AsyncIterator
 
 import numpy as np
 
+from ..request import FIELDS
+
 MODEL = "lookahead_reasoning"
 
-# input name -> (Triton dtype, numpy dtype)
-_TYPES = {
-    "text_input": ("BYTES", np.object_), "messages": ("BYTES", np.object_), "max_tokens": ("INT32", np.int32),
-    "stream": ("BOOL", np.bool_), "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32),
-    "top_k": ("INT32", np.int32), "seed": ("INT64", np.int64), "stop": ("BYTES", np.object_),
-    "mode": ("BYTES", np.object_), "gamma": ("INT32", np.int32), "judge": ("BYTES", np.object_),
-    "async": ("BOOL", np.bool_), "adaptive_gamma": ("BOOL", np.bool_), "width": ("INT32", np.int32),
-    "delimiter": ("BYTES", np.object_), "max_step_tokens": ("INT32", np.int32),
-}
+# Triton input name -> (client data type, numpy dtype), derived from the request definition.
+_NUMPY = {"STRING": ("BYTES", np.object_), "INT32": ("INT32", np.int32), "INT64": ("INT64", np.int64),
+          "FP32": ("FP32", np.float32), "BOOL": ("BOOL", np.bool_)}
+_TYPES = {f.triton: _NUMPY[f.dtype] for f in FIELDS}
 
 
 class ServerError(RuntimeError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ..request import FIELDS, TRITON_OUTPUTS
+
 REPO_MODELS = Path(__file__).resolve().parents[2] / "triton_models"
 ROLES = ("draft", "target", "judge")
 
@@ -35,26 +37,9 @@ _ROLE_OUTPUTS = [
     ("counters", "TYPE_STRING", "[ -1 ]"),
     ("stop_offsets", "TYPE_STRING", "[ -1 ]"),
 ]
-_LR_INPUTS = [
-    ("text_input", "TYPE_STRING", "[ 1 ]"),
-    ("messages", "TYPE_STRING", "[ 1 ]"),
-    ("max_tokens", "TYPE_INT32", "[ 1 ]"),
-    ("stream", "TYPE_BOOL", "[ 1 ]"),
-    ("temperature", "TYPE_FP32", "[ 1 ]"),
-    ("top_p", "TYPE_FP32", "[ 1 ]"),
-    ("top_k", "TYPE_INT32", "[ 1 ]"),
-    ("seed", "TYPE_INT64", "[ 1 ]"),
-    ("stop", "TYPE_STRING", "[ -1 ]"),
-    ("mode", "TYPE_STRING", "[ 1 ]"),
-    ("gamma", "TYPE_INT32", "[ 1 ]"),
-    ("judge", "TYPE_STRING", "[ 1 ]"),
-    ("async", "TYPE_BOOL", "[ 1 ]"),
-    ("adaptive_gamma", "TYPE_BOOL", "[ 1 ]"),
-    ("width", "TYPE_INT32", "[ 1 ]"),
-    ("delimiter", "TYPE_STRING", "[ 1 ]"),
-    ("max_step_tokens", "TYPE_INT32", "[ 1 ]"),
-]
-_LR_OUTPUTS = [("text_output", "TYPE_STRING", "[ 1 ]"), ("metrics", "TYPE_STRING", "[ 1 ]")]
+# The lookahead_reasoning model's inputs and outputs: derived from the one request definition.
+_LR_INPUTS = [(f.triton, "TYPE_" + f.dtype, "[ -1 ]" if f.many else "[ 1 ]") for f in FIELDS]
+_LR_OUTPUTS = [(name, "TYPE_" + dtype, "[ 1 ]") for name, dtype in TRITON_OUTPUTS]
 
 
 def _tensors(kind: str, rows, optional: bool) -> str:

@@ -20,46 +20,39 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, create_model
 
+from ..request import BY_NAME, FIELDS, openai_body_fields, translate
 from ..steps import ReasoningStream, split_reasoning
 from .client import ServerError, TritonLRClient
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     model: str | None = None
-    max_tokens: int | None = Field(None, description="new-token budget")
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    mode: str | None = None
-    gamma: int | None = None
-    judge: str | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
 
     def params(self) -> dict[str, Any]:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        return {"max_tokens": self.max_completion_tokens or self.max_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed, "stop": stop or None,
-                "mode": self.mode, "gamma": self.gamma, "judge": self.judge}
+        """The request's option fields set in this body, by Triton input name (the server validates them; the
+        prompt or messages and ``stream`` are how the endpoint talks to the server, not forwarded here)."""
+        skip = ("prompt", "messages", "stream")
+        values = {f.name: getattr(self, f.name) for f in FIELDS if f.name not in skip and f.name in type(self).model_fields}
+        if self.max_completion_tokens is not None:
+            values["max_tokens"] = self.max_completion_tokens
+        return {BY_NAME[k].triton: v for k, v in values.items() if v is not None}
+
+
+# The body's request fields come from the one request definition (OpenAI names as aliases).
+_Common = create_model("_Common", __base__=_Body, **openai_body_fields())
 
 
 class CompletionRequest(_Common):
     prompt: str
 
 
-class ChatMessage(BaseModel):
-    role: str
-    content: str
-
-
 class ChatRequest(_Common):
-    messages: list[ChatMessage]
+    messages: list[dict]  # checked by the server (one definition: lookahead_reasoning.request.Message)
 
 
 def _finish(reason: str | None) -> str:
@@ -71,8 +64,6 @@ def create_app(grpc_url: str, model_name: str | None = None):
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
-
-    from ..errors import describe
 
     app = FastAPI(title="Lookahead Reasoning (OpenAI-compatible)")
     client = TritonLRClient(grpc_url, "grpc")
@@ -92,6 +83,13 @@ def create_app(grpc_url: str, model_name: str | None = None):
         return JSONResponse(status_code=status, content={
             "error": {"message": message, "type": "invalid_request_error" if status == 400 else "server_error",
                       "param": param, "code": None}})
+
+    def bad_request(exc: BaseException) -> JSONResponse:
+        """HTTP 400 for a request the server refused: its message names the field as Triton calls it, renamed
+        to this front's terms (``text_input`` -> ``prompt``)."""
+        line = translate(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, "triton", "openai")
+        head, sep, _ = line.partition(":")
+        return error(400, line, head if sep and " " not in head else None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -117,12 +115,8 @@ def create_app(grpc_url: str, model_name: str | None = None):
         if not body.stream:
             try:
                 ans = await client.generate(prompt, messages, **params)
-            except ServerError as exc:
-                field, msg = describe(ValueError(str(exc)))
-                return error(400, str(exc), field or None)
-            except ValueError as exc:
-                field, msg = describe(exc)
-                return error(400, str(exc), field or None)
+            except (ServerError, ValueError) as exc:
+                return bad_request(exc)
             m = ans.metrics
             usage = {"prompt_tokens": m.get("prompt_tokens", 0), "completion_tokens": m.get("generated_tokens", 0),
                      "total_tokens": m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)}
@@ -146,8 +140,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
         except StopAsyncIteration:
             first = None
         except (ServerError, ValueError) as exc:
-            field, _ = describe(ValueError(str(exc)))
-            return error(400, str(exc), field or None)
+            return bad_request(exc)
 
         splitter = ReasoningStream((await server_facts())["reasoning_parser"]) if kind == "chat" else None
 
@@ -204,7 +197,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
-        return await run("chat", body, messages=[m.model_dump() for m in body.messages])
+        return await run("chat", body, messages=body.messages)
 
     return app
 

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .protocol import LR_INPUTS
+from ..request import FIELDS, TRITON_INPUTS, Limits, RequestError, front_error, parse_request
 from .triton_role import load_model_profile, model_parameters
 
 # Request parameters Triton itself defines (inference protocol); any other parameter is a misspelt input.
@@ -34,102 +34,52 @@ _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority
                       "headers"}
 
 
-def _scalar(arr: np.ndarray | None, name: str):
-    if arr is None:
-        return None
-    flat = arr.reshape(-1)
-    if flat.shape[0] != 1:
-        raise ValueError(f"{name}: expected one value, got shape {list(arr.shape)}")
-    return flat[0]
-
-
-def _text(value, name: str) -> str:
-    if isinstance(value, (bytes, bytearray, np.bytes_)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"{name}: not valid UTF-8") from None
-    return str(value)
-
-
-def parse_lr_request(get, defaults, max_tokens_limit: int, max_prompt_bytes: int, gamma_cap: int):
-    """Turn the model's input tensors into ``(prompt, messages, options, stream)``.
+def decode_inputs(get) -> dict:
+    """The request's values from the model's input tensors (canonical names, :data:`~lookahead_reasoning.request.FIELDS`).
 
     Args:
-        get: ``name -> numpy array or None``.
-        defaults: the profile's :class:`~lookahead_reasoning.lookahead.LROptions`.
+        get: ``Triton input name -> numpy array or None``.
+
+    Returns:
+        ``{field name: value}`` for the inputs present: strings decoded from UTF-8, one value per ``[ 1 ]``
+        input, a list per ``[ -1 ]`` input; ``seed`` -1 (none, the role models' convention) left out.
+
     Raises:
-        ValueError: naming the offending input.
+        RequestError: a shape other than one value, bytes that are not UTF-8, a fractional integer, a seed
+        below -1 (canonical names: the caller names them as Triton inputs).
     """
-    from ..lookahead import validate_input, with_overrides
+    values: dict = {}
+    for f in FIELDS:
+        arr = get(f.triton)
+        if arr is None:
+            continue
+        flat = arr.reshape(-1)
+        if not f.many and flat.shape[0] != 1:
+            raise RequestError(f.name, f"expected one value, got shape {list(arr.shape)}")
+        items = [_value(f, x) for x in flat]
+        values[f.name] = items if f.many else items[0]
+    if values.get("seed") is not None and values["seed"] < 0:
+        if values["seed"] != -1:
+            raise RequestError("seed", f"must be >= 0 (or -1 for none), got {values['seed']}")
+        del values["seed"]
+    return values
 
-    prompt = messages = None
-    raw = _scalar(get("text_input"), "text_input")
-    if raw is not None:
-        prompt = _text(raw, "text_input")
-    raw_messages = _scalar(get("messages"), "messages")
-    if raw_messages is not None:
-        text = _text(raw_messages, "messages")
-        try:
-            messages = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"messages: not valid JSON ({exc.msg})") from None
-    if prompt is None and messages is None:
-        raise ValueError("text_input: missing (send text_input or messages)")
-    size = len(prompt.encode()) if prompt is not None else len(json.dumps(messages))
-    if size > max_prompt_bytes:
-        raise ValueError(f"text_input: {size} bytes exceeds the server limit of {max_prompt_bytes}")
-    validate_input(prompt, messages)
 
-    def num(name, kind):
-        v = _scalar(get(name), name)
-        if v is None:
-            return None
-        if kind is int:
-            if isinstance(v, (float, np.floating)) and not float(v).is_integer():
-                raise ValueError(f"{name}: must be an integer, got {v}")
-            return int(v)
-        if kind is bool:
-            return bool(v)
-        return float(v)
-
-    sampling = defaults.sampling.model_dump()
-    for name, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("seed", int)):
-        v = num(name, kind)
-        if v is not None:
-            sampling[name] = v
-    if sampling.get("seed") is not None and sampling["seed"] < 0:
-        if sampling["seed"] != -1:
-            raise ValueError(f"seed: must be >= 0 (or -1 for none), got {sampling['seed']}")
-        sampling["seed"] = None  # -1 means "no seed", as the role models' convention
-    max_tokens = num("max_tokens", int)
-    if max_tokens is not None and max_tokens > max_tokens_limit:
-        raise ValueError(f"max_tokens: {max_tokens} exceeds the server limit of {max_tokens_limit}")
-    gamma = num("gamma", int)
-    if gamma is not None and gamma > gamma_cap:
-        raise ValueError(f"gamma: {gamma} exceeds the server cap of {gamma_cap}")
-    judge = defaults.judge.model_dump()
-    raw_judge = _scalar(get("judge"), "judge")
-    if raw_judge is not None:
-        judge["name"] = _text(raw_judge, "judge")
-    step = defaults.step.model_dump()
-    raw_delim = _scalar(get("delimiter"), "delimiter")
-    if raw_delim is not None:
-        step["delimiter"] = _text(raw_delim, "delimiter")
-    max_step = num("max_step_tokens", int)
-    if max_step is not None:
-        step["max_step_tokens"] = max_step
-    stop_arr = get("stop")
-    stop = tuple(_text(s, "stop") for s in stop_arr.reshape(-1)) if stop_arr is not None else None
-    raw_mode = _scalar(get("mode"), "mode")
-    opts = with_overrides(
-        defaults,
-        mode=None if raw_mode is None else _text(raw_mode, "mode"),
-        gamma=gamma, max_tokens=max_tokens, sampling=sampling, judge=judge, stop=stop, step=step,
-        width=num("width", int), async_mode=num("async", bool), adaptive_gamma=num("adaptive_gamma", bool),
-    )
-    stream = bool(num("stream", bool))
-    return prompt, messages, opts, stream
+def _value(f, x):
+    if f.dtype == "STRING":
+        if isinstance(x, (bytes, bytearray, np.bytes_)):
+            try:
+                return bytes(x).decode("utf-8")
+            except UnicodeDecodeError:
+                raise RequestError(f.name, "not valid UTF-8") from None
+        return str(x)
+    if f.dtype == "BOOL":
+        return bool(x)
+    if f.dtype == "FP32":
+        return float(x)
+    if isinstance(x, (float, np.floating)) and not float(x).is_integer():
+        raise RequestError(f.name, f"must be an integer, got {x}")
+    return int(x)
 
 
 class LookaheadReasoningModel:
@@ -157,8 +107,9 @@ class LookaheadReasoningModel:
         defaults = p.options.model_copy(update=timeouts) if timeouts else p.options
         self.profile = p.model_copy(update={"options": defaults})
         self.reasoner = LookaheadReasoner(target, draft, judge, defaults=defaults)
-        self.max_tokens_limit = int(params.get("max_tokens_limit") or 4096)
-        self.max_prompt_bytes = int(params.get("max_prompt_bytes") or 65536)
+        self.limits = Limits(max_tokens=int(params.get("max_tokens_limit") or 4096),
+                             max_prompt_bytes=int(params.get("max_prompt_bytes") or 65536),
+                             max_gamma=p.max_gamma_cap)
         self.max_concurrency = int(params.get("max_concurrency") or 256)
         self.active = 0
         self._metrics()
@@ -237,10 +188,10 @@ class LookaheadReasoningModel:
             # HTTP generate turns JSON fields that are not inputs into request parameters: reject them by name
             unknown = sorted(set(json.loads(request.parameters() or "{}")) - _TRITON_PARAMETERS)
             if unknown:
-                raise ValueError(f"{unknown[0]}: unknown input (inputs: {', '.join(LR_INPUTS)})")
-            prompt, messages, opts, stream = parse_lr_request(
-                get, self.profile.options, self.max_tokens_limit, self.max_prompt_bytes, self.profile.max_gamma_cap)
-            gen = self.reasoner.stream(prompt, messages, opts)
+                raise ValueError(f"{unknown[0]}: unknown input (inputs: {', '.join(TRITON_INPUTS)})")
+            req, opts = parse_request(decode_inputs(get), self.profile.options, self.limits)
+            stream = req.stream
+            gen = self.reasoner.stream(req.prompt, req.chat(), opts)
             result = None
             try:
                 async for event in gen:
@@ -260,11 +211,7 @@ class LookaheadReasoningModel:
             self._record(opts.mode, result.metrics)
             sender.send(self._response("" if stream else result.text, json.dumps(metrics)), flags=final)
         except Exception as exc:  # noqa: BLE001 - a bad request gets an error response; the server stays up
-            from ..errors import one_line
-
-            msg = one_line(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-            if msg.startswith("prompt:"):  # the library's name for what Triton callers send as text_input
-                msg = "text_input:" + msg[len("prompt:"):]
+            msg = front_error(exc, "triton") if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
             sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg)), flags=final)
         finally:
             self.active -= 1

@@ -1,0 +1,130 @@
+"""One request definition (lookahead_reasoning.request): the committed config.pbtxt, the client's tensor types,
+the CLI flags and the OpenAI body agree with it, and errors name the field in each front's terms."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from lookahead_reasoning.errors import FieldError
+from lookahead_reasoning.lookahead import LROptions, check_input
+from lookahead_reasoning.request import (
+    BY_NAME, FIELDS, TRITON_INPUTS, Limits, RequestError, canonical, parse_request, rename, translate,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "triton_models" / "lookahead_reasoning" / "config.pbtxt"
+
+
+def _blocks(text: str, kind: str) -> list[tuple[str, str, str]]:
+    section = re.search(rf"^{kind} \[(.*?)^\]", text, re.S | re.M).group(1)
+    return re.findall(r'name: "(\w+)"\s+data_type: (\w+)\s+dims: (\[[^\]]*\])', section)
+
+
+def test_committed_config_is_derived_from_the_request():
+    from lookahead_reasoning.serving.model_repository import render_config
+
+    text = CONFIG.read_text()
+    inputs = _blocks(text, "input")
+    assert [name for name, _, _ in inputs] == list(TRITON_INPUTS)
+    for (name, dtype, dims), f in zip(inputs, FIELDS):
+        assert (name, dtype, dims) == (f.triton, "TYPE_" + f.dtype, "[ -1 ]" if f.many else "[ 1 ]")
+    assert [n for n, _, _ in _blocks(text, "output")] == ["text_output", "metrics"]
+    params = dict(re.findall(r'key: "(\w+)"\s+value: \{ string_value: "([^"]*)" \}', text))
+    assert render_config("lookahead_reasoning", params) == text  # the whole file is the module's output
+
+
+def test_client_types_are_derived_from_the_request():
+    from lookahead_reasoning.serving.client import _TYPES
+
+    assert list(_TYPES) == list(TRITON_INPUTS)
+    wire = {"STRING": "BYTES", "INT32": "INT32", "INT64": "INT64", "FP32": "FP32", "BOOL": "BOOL"}
+    for f in FIELDS:
+        assert _TYPES[f.triton][0] == wire[f.dtype], f.name
+
+
+@pytest.mark.parametrize("command", ["generate", "client"])
+def test_cli_flags_are_derived_from_the_request(command):
+    from lookahead_reasoning.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    by_flag = {s: a for a in sub._actions for s in a.option_strings}
+    for f in FIELDS:
+        if f.cli is None or (command == "client" and f.name == "messages"):
+            continue
+        action = by_flag[f.cli]
+        assert action.dest == f.name or (command == "client" and f.name == "prompt"), f.name
+        if f.dtype in ("INT32", "INT64"):
+            assert action.type is int
+        elif f.dtype == "FP32":
+            assert action.type is float
+        elif f.dtype == "BOOL":
+            assert action.nargs == 0  # store_true
+
+
+def test_openai_body_is_derived_from_the_request():
+    from lookahead_reasoning.serving.openai_front import ChatRequest
+
+    body = ChatRequest.model_validate({"messages": [{"role": "user", "content": "hi"}],
+                                       **{f.openai: None for f in FIELDS if f.openai not in ("prompt", "messages")}})
+    fields = set(type(body).model_fields)
+    assert {f.name for f in FIELDS if f.openai and f.name not in ("prompt", "messages")} <= fields
+    params = ChatRequest.model_validate({"messages": [], "async": True, "gamma": 2, "top_k": 5}).params()
+    assert params == {"async": True, "gamma": 2, "top_k": 5}  # Triton names, ready for the server
+
+
+@pytest.mark.parametrize("values, field, cli, triton, openai", [
+    ({"prompt": " "}, "prompt", "--prompt", "text_input", "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens", "--max-tokens", "max_tokens", "max_tokens"),
+    ({"prompt": "x", "gamma": -1}, "gamma", "--gamma", "gamma", "gamma"),
+    ({"prompt": "x", "gamma": 9}, "gamma", "--gamma", "gamma", "gamma"),  # over the server cap (8)
+    ({"prompt": "x", "top_p": 1.5}, "top_p", "--top-p", "top_p", "top_p"),
+    ({"prompt": "x", "judge": "oracle"}, "judge", "--judge", "judge", "judge"),
+    ({"prompt": "x", "async_mode": "yes"}, "async_mode", "--async", "async", "async"),
+    ({"prompt": "x", "delimiter": ""}, "delimiter", "--delimiter", "delimiter", "delimiter"),
+    ({"prompt": "x", "stop": ["a", ""]}, "stop", "--stop", "stop", "stop"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]},
+     "messages[1].role", "--messages[1].role", "messages[1].role", "messages[1].role"),
+    ({"messages": "[{"}, "messages", "--messages", "messages", "messages"),
+    ({"prompt": "x", "colour": "red"}, "colour", "colour", "colour", "colour"),
+])
+def test_errors_name_the_field_in_each_front(values, field, cli, triton, openai):
+    with pytest.raises(RequestError) as info:
+        parse_request(values, LROptions(), Limits(max_gamma=8))
+    err = info.value
+    assert err.field == field
+    for front, name in (("cli", cli), ("triton", triton), ("openai", openai), ("python", field)):
+        assert err.for_front(front).startswith(name + ":"), (front, err.for_front(front))
+
+
+def test_one_conversion_to_options():
+    req, opts = parse_request({"prompt": "hi", "gamma": 2, "temperature": 0.5, "top_k": 3, "judge": "numeric",
+                               "delimiter": "\n", "async_mode": True, "stop": "END"}, LROptions())
+    assert (opts.gamma, opts.sampling.temperature, opts.sampling.top_k, opts.judge.name) == (2, 0.5, 3, "numeric")
+    assert opts.step.delimiter == "\n" and opts.async_mode and opts.stop == ("END",)
+    assert req.prompt == "hi" and req.chat() is None
+    _, defaults = parse_request({}, LROptions(gamma=3), require_input=False)
+    assert defaults == LROptions(gamma=3)  # nothing given: the profile's options unchanged
+
+
+def test_names_round_trip_and_translate():
+    for f in FIELDS:
+        for front in ("cli", "triton", "openai", "python"):
+            assert canonical(rename(f.name, front), front) == f.name
+    assert translate("text_input: 90000 bytes exceeds the server limit", "triton", "openai").startswith("prompt:")
+    assert translate("async: bad", "triton", "cli").startswith("--async:")
+    assert translate("server busy: 4 requests in flight", "triton", "openai") == "server busy: 4 requests in flight"
+    assert BY_NAME["prompt"].triton == "text_input"
+
+
+def test_check_input_is_the_python_front():
+    """The Python API's one input check (LookaheadReasoner.stream), which parse_request uses too."""
+    check_input("hi", None)
+    for prompt, messages, field in ((None, None, "prompt"), ("a", [{"role": "user", "content": "b"}], "prompt"),
+                                    (None, [], "messages"), (None, [{"role": "user", "content": " "}], "messages"),
+                                    (None, [{"role": "user"}], "messages[0].content")):
+        with pytest.raises(FieldError) as info:
+            check_input(prompt, messages)
+        assert info.value.field == field
