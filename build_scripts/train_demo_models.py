@@ -735,6 +735,25 @@ def decode_speed(model, prompt: Sequence[int], batch: int, new_tokens: int = 64,
     return batch * new_tokens / best
 
 
+def engine_costs(out: Path, prompt: Sequence[int], quick: bool) -> dict:
+    """``c`` and ``b(n)`` as the product measures them: :func:`lookahead_reasoning.calibration.calibrate` on
+    the saved target and draft in the portable engine (fp32, one thread each), with a held-out prompt."""
+    from lookahead_reasoning.backends.portable import PortableEngine
+    from lookahead_reasoning.calibration import calibrate
+
+    target = PortableEngine.from_pretrained(str(out / "target"), num_threads=1, dtype="float32")
+    draft = PortableEngine.from_pretrained(str(out / "draft"), num_threads=1, dtype="float32")
+    try:
+        cost = calibrate(target, draft, ns=(2, 3, 4, 5), prompt_ids=list(prompt), draft_prompt_ids=list(prompt),
+                         repeats=2 if quick else 5)
+    finally:
+        target.close()
+        draft.close()
+    return {"c": cost.c, "b": {str(n): cost.b_of(n) for n in (2, 3, 4, 5)},
+            "target_step_ms": cost.target_step_seconds * 1e3, "draft_step_ms": cost.draft_step_seconds * 1e3,
+            "method": "lookahead_reasoning.calibration.calibrate, PortableEngine fp32, 1 thread, median of rounds"}
+
+
 # ----------------------------------------------------------------------------------------------------
 # Evaluation
 
@@ -788,6 +807,10 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     syn_pairs = syn.generate_step_pairs(400 if quick else 4000, syn.JUDGE_EVAL_SEED, style=style)
     v_syn = judge_verdicts(judge, tok, [(a, b) for a, b, _ in syn_pairs])
     res["judge_synthetic"] = binary_metrics(v_syn, [y for _, _, y in syn_pairs])
+    kinds = [syn.step_meaning(a)[0] for a, _, _ in syn_pairs]  # positives: both steps have this kind
+    res["judge_synthetic_by_kind"] = {
+        k: binary_metrics([v for v, kk in zip(v_syn, kinds) if kk == k], [y for (_, _, y), kk in zip(syn_pairs, kinds) if kk == k])
+        for k in sorted(set(kinds))}
     v = judge_verdicts(judge, tok, [(r["target"], r["draft"]) for r in pairs])
     gold = [r["semantic"] for r in pairs]
     res["judge_real"] = binary_metrics(v, gold)
@@ -810,6 +833,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
             speed[f"{name}_b{b}_tok_s"] = decode_speed(m, prompt, b, 16 if quick else 64, 1 if quick else 3)
     speed["c"] = speed["target_b1_tok_s"] / speed["draft_b1_tok_s"]  # draft time / target time per token
     speed["c_batch4"] = speed["target_b4_tok_s"] / speed["draft_b4_tok_s"]
+    speed["engine"] = engine_costs(out, prompt, quick)
     torch.set_num_threads(threads)
     res["speed"] = speed
     target.to(device)
@@ -853,11 +877,19 @@ def fmt_table(res: dict) -> str:
     a, s, sp = res["accuracy"], res["step_agreement"], res["speed"]
     js, jr, jn = res["judge_synthetic"], res["judge_real"], res["judge_real_non_identical"]
     p = res["parameters"]
+    task = res.get("task", {"style": "short"})
+    long = task["style"] == "long"
     lines = [
         "| Metric | Value | Requirement |",
         "|---|---|---|",
+    ]
+    if long:
+        lines.append(f"| Steps per answer, held-out problems (mean / p10 / p90; the `#### N` line counts) | "
+                     f"{task['steps_per_answer_mean']:.1f} / {task['steps_per_answer_p10']} / "
+                     f"{task['steps_per_answer_p90']} | mean >= 20 |")
+    lines += [
         f"| Target accuracy, {a['n']} held-out problems (difficulty {a['difficulty']}, greedy) | "
-        f"{a['target'] * 100:.1f}% ± {a['target_se'] * 100:.1f} | >= 90% |",
+        f"{a['target'] * 100:.1f}% ± {a['target_se'] * 100:.1f} | {'>= 95%' if long else '>= 90%'} |",
         f"| Draft accuracy, same problems | {a['draft'] * 100:.1f}% ± {a['draft_se'] * 100:.1f} | (reported) |",
         f"| Parameters target / draft / judge | {p['target']:,} / {p['draft']:,} / {p['judge']:,} | |",
         f"| Parameter ratio draft / target | {p['draft_over_target']:.3f} | <= 0.10 |",
@@ -872,7 +904,10 @@ def fmt_table(res: dict) -> str:
         f"| Final answer line, draft vs target ({s['n_final_lines']}): exact / semantic | {s['final_exact'] * 100:.1f}% / "
         f"{s['final_semantic'] * 100:.1f}% | |",
         f"| Judge, held-out synthetic pairs (n={js['n']}): precision / recall / accuracy on aligned | "
-        f"{js['precision']:.4f} / {js['recall']:.3f} / {js['accuracy']:.3f} | precision >= 0.99, recall >= 0.80 |",
+        f"{js['precision']:.4f} / {js['recall']:.3f} / {js['accuracy']:.3f} | precision >= 0.99, "
+        f"recall >= {'0.90' if long else '0.80'} |",
+        *(f"| Judge, held-out `{k}` pairs (n={m['n']}): precision / recall | {m['precision']:.4f} / {m['recall']:.3f} | "
+          f"{'precision >= 0.99, recall >= 0.90' if long else ''} |" for k, m in res.get("judge_synthetic_by_kind", {}).items()),
         f"| Judge, held-out real draft/target pairs (n={jr['n']}): precision / recall / accuracy | "
         f"{jr['precision']:.4f} / {jr['recall']:.3f} / {jr['accuracy']:.3f} | |",
         f"| Judge, real pairs that are not identical (n={jn['n']}, what the judge sees after the exact-match "
@@ -880,8 +915,15 @@ def fmt_table(res: dict) -> str:
         f"| Decode tokens/s, batch 1 / batch 4: target | {sp['target_b1_tok_s']:.0f} / {sp['target_b4_tok_s']:.0f} | |",
         f"| Decode tokens/s, batch 1 / batch 4: draft | {sp['draft_b1_tok_s']:.0f} / {sp['draft_b4_tok_s']:.0f} | |",
         f"| Decode tokens/s, batch 1 / batch 4: judge | {sp['judge_b1_tok_s']:.0f} / {sp['judge_b4_tok_s']:.0f} | |",
-        f"| c = draft time / target time per token, batch 1 (batch 4) | {sp['c']:.3f} ({sp['c_batch4']:.3f}) | <= 0.25 |",
+        f"| c = draft time / target time per token, plain forward loop, batch 1 (batch 4) | {sp['c']:.3f} "
+        f"({sp['c_batch4']:.3f}) | |",
     ]
+    if "engine" in sp:
+        e = sp["engine"]
+        lines.append(f"| c through the engine (calibrate; target step {e['target_step_ms']:.2f} ms, draft "
+                     f"{e['draft_step_ms']:.2f} ms) | {e['c']:.3f} | {'<= 0.12' if long else '<= 0.25'} |")
+        lines.append("| b(2..5) through the engine (target, branch rows) | "
+                     + " / ".join(f"{v:.2f}" for v in e["b"].values()) + " | |")
     if "gsm8k" in res:
         g = res["gsm8k"]
         lines.append(f"| GSM8K test, first {g['n']} questions, target greedy | {g['accuracy'] * 100:.1f}% "
@@ -915,35 +957,28 @@ def write_card(out: Path, res: dict, command: str) -> None:
                             for t in tr.get("judge_earlier_stages", []))
     sp, m = res["speed"], res["machine"]
     ex = res["examples"][0]
-    text = f"""# Demo models: draft / target / judge for the synthetic reasoning task
+    long = res.get("task", {}).get("style") == "long"
+    template = ("`<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n<think>\\n`: the generation prompt opens the "
+                "reasoning block, as DeepSeek-R1's template does, and `<think>` / `</think>` are single (not special) "
+                "tokens, so decoded text keeps them" if long else "`<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n`")
+    data = f"""`generate_problems(n, seed, difficulty, style="long")`: a person, items or money, and several events (buy
+boxes, find / lose / give away items, double, buy more groups, fees, coupons, tips, share equally, pay with a
+bill). The answer is a reasoning trace, `</think>`, then a short final answer and the `#### N` line, e.g.
 
-Small models the product ships so that its main job (Lookahead Reasoning: step-level speculation with a
-semantic judge) runs right after install, with no model hub. Trained from scratch by
-`build_scripts/train_demo_models.py` on the synthetic grade-school arithmetic task of
-`lookahead_reasoning.synthetic` (`orchestrator/synthetic.py`). They are toys: they solve that task, not
-real questions (see the GSM8K row).
+```
+Q: {ex['question']}
+{ex['gold']}
+```
 
-| Folder | Role | Architecture |
-|---|---|---|
-| `target/` | the model whose answers we want | {arch('target')} |
-| `draft/` | cheap step proposer | {arch('draft')} |
-| `judge/` | LLM-as-judge verifier | {arch('judge')} |
-
-All three share one tokenizer (byte-level BPE trained with `tokenizers`, {res['tokenizer']['vocab_size']} tokens):
-digits are single tokens, the step delimiter `"\\n\\n"` is one token (id {res['tokenizer']['delimiter_id']}) that never
-merges with neighbouring text, `<|im_end|>` is EOS, `<|endoftext|>` is padding, and a ChatML chat template
-(`<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n`) wraps the question, as for real instruction-tuned models.
-After the judge prompt's pre-filled `[`, `aligned` (id {res['tokenizer']['aligned_id']}) and `unaligned`
-(id {res['tokenizer']['unaligned_id']}) are single tokens.
-
-Weights are stored as fp16 safetensors; `config.json` says `dtype: float32`, so
-`AutoModelForCausalLM.from_pretrained(path)` computes in fp32 (faster than fp16/bf16 for models this small on
-CPU). All numbers below were measured on the saved fp16 files loaded in fp32. Size on disk:
-{res['size_bytes']['total'] / 1e6:.1f} MB in total.
-
-## Data
-
-`generate_problems(n, seed, difficulty)`: a person, items or money, and 2 to 8 events (buy boxes, find / lose /
+Trace steps, each one sentence: a plan (how many changes to apply); per event, the restated given (the question's
+sentence), its computation(s) `x op y = r` (integers; `+ - x /`; exact divisions), a check that re-derives the
+operand by the inverse operation, and the running value; then a conclusion. Every step kind has three sentence
+frames, and operands of `+`/`x` come in either order; the wording is a fixed function of the person's name,
+the item and the step's position (lookup tables), not a coin flip: the target learns it, the much smaller
+draft often picks another wording for the same content, which the judge accepts and exact matching rejects.
+`step_meaning` is the ground truth of what a step says. Difficulty (1 to 5) sets the computations (3-4, 4-6,
+5-7, 6-8, 7-8; difficulty 2 averages {res.get('task', {}).get('steps_per_answer_mean', 0):.0f} steps per
+answer) and the magnitudes (running values <= 60, 100, 500, 2000, 9999).""" if long else f"""`generate_problems(n, seed, difficulty)`: a person, items or money, and 2 to 8 events (buy boxes, find / lose /
 give away items, double, buy more groups, fees, coupons, tips, share equally, pay with a bill). The solution
 is one step per computation, e.g.
 
@@ -957,7 +992,43 @@ by one of three sentence frames per step kind (two with units, one without), wit
 either order. The wording is a fixed function of the person's name, the item and the step's position
 (lookup tables), not a coin flip: the target learns it; the much smaller draft often picks another wording
 for the same computation. Difficulty (1 to 5) sets the step count range (2-3, 2-5, 3-6, 4-8, 5-8) and the
-magnitudes (running values <= 60, 100, 500, 2000, 9999). Training draws fresh problems from seeds derived
+magnitudes (running values <= 60, 100, 500, 2000, 9999)."""
+    shapes = ("""
+Why these shapes: on a CPU, one decoding step of models this small costs a fixed ~0.33 ms (the engine and the
+framework) plus ~0.22 ms per layer, almost whatever the width (measured through the portable engine with a
+500-token context). The draft/target cost ratio `c` is therefore set by depth: a deep, narrow target and a
+one-layer draft give `c` near 0.11, the ratio of a 1.7B draft to a 32B target on a GPU, at about the target's
+old training cost. A wider one-layer draft costs the same per step and has more room to learn arithmetic.
+""" if long else "")
+    text = f"""# Demo models: draft / target / judge for the synthetic reasoning task
+
+Small models the product ships so that its main job (Lookahead Reasoning: step-level speculation with a
+semantic judge) runs right after install, with no model hub. Trained from scratch by
+`build_scripts/train_demo_models.py` on the synthetic grade-school arithmetic task of
+`lookahead_reasoning.synthetic` (`orchestrator/synthetic.py`). They are toys: they solve that task, not
+real questions (see the GSM8K row).
+
+| Folder | Role | Architecture |
+|---|---|---|
+| `target/` | the model whose answers we want | {arch('target')} |
+| `draft/` | cheap step proposer | {arch('draft')} |
+| `judge/` | LLM-as-judge verifier | {arch('judge')} |
+{shapes}
+All three share one tokenizer (byte-level BPE trained with `tokenizers`, {res['tokenizer']['vocab_size']} tokens):
+digits are single tokens, the step delimiter `"\\n\\n"` is one token (id {res['tokenizer']['delimiter_id']}) that never
+merges with neighbouring text, `<|im_end|>` is EOS, `<|endoftext|>` is padding, and a ChatML chat template
+({template}) wraps the question, as for real instruction-tuned models.
+After the judge prompt's pre-filled `[`, `aligned` (id {res['tokenizer']['aligned_id']}) and `unaligned`
+(id {res['tokenizer']['unaligned_id']}) are single tokens.
+
+Weights are stored as fp16 safetensors; `config.json` says `dtype: float32`, so
+`AutoModelForCausalLM.from_pretrained(path)` computes in fp32 (faster than fp16/bf16 for models this small on
+CPU). All numbers below were measured on the saved fp16 files loaded in fp32. Size on disk:
+{res['size_bytes']['total'] / 1e6:.1f} MB in total.
+
+## Data
+
+{data} Training draws fresh problems from seeds derived
 from `--seed` with the difficulty mix {DIFFICULTY_MIX}; evaluation uses held-out problems of difficulty
 {res['accuracy']['difficulty']} from `EVAL_SEED = {syn.EVAL_SEED}` (never used for training), judge pairs from
 `JUDGE_EVAL_SEED = {syn.JUDGE_EVAL_SEED}`.

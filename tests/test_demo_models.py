@@ -40,6 +40,15 @@ def loaded():
     return out
 
 
+def style_of(tok) -> str:
+    """The task style the trio was trained on: ``long`` (reasoning traces in <think>) when the tokenizer has
+    ``</think>``."""
+    return "long" if "</think>" in tok.get_vocab() else "short"
+
+
+MAX_NEW = {"short": 160, "long": 720}
+
+
 def chat_ids(tok, question: str) -> list[int]:
     text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
     return tok.encode(text, add_special_tokens=False)
@@ -74,7 +83,12 @@ def test_tokenizer(loaded):
     a, u = verdict_token_ids(tok)
     assert a != u
     text = tok.apply_chat_template([{"role": "user", "content": "Hi?"}], tokenize=False, add_generation_prompt=True)
-    assert text == "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n"
+    opening = "<think>\n" if style_of(tok) == "long" else ""
+    assert text == "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n" + opening
+    if style_of(tok) == "long":  # one token each, and decoding keeps them (they are not special tokens)
+        ids = tok.encode("a.\n\n</think>\n\nb", add_special_tokens=False)
+        assert ids.count(tok.convert_tokens_to_ids("</think>")) == 1
+        assert "</think>" in tok.decode(ids, skip_special_tokens=True)
 
 
 @torch.inference_mode()
@@ -86,23 +100,31 @@ def greedy(model, tok, prompt: list[int], max_new_tokens: int = 160) -> str:
 
 
 def test_target_solves_held_out_problems(loaded):
+    from lookahead_reasoning.steps import split_reasoning
+
     model, tok = loaded["target"]
-    problems = syn.generate_problems(6, syn.EVAL_SEED)
+    style = style_of(tok)
+    problems = syn.generate_problems(6, syn.EVAL_SEED, style=style)
     solved = 0
     for p in problems:
-        text = greedy(model, tok, chat_ids(tok, p.question))
-        solved += syn.extract_answer(text) == p.answer
-        # the output is step-structured: steps separated by "\n\n", one computation each
+        text = greedy(model, tok, chat_ids(tok, p.question), MAX_NEW[style])
+        answer = split_reasoning(text, "deepseek_r1")[1] if style == "long" else text
+        solved += syn.extract_answer(answer) == p.answer
+        # the output is step-structured: steps separated by "\n\n", each saying one known thing
         steps = text.split("\n\n")[:-1]
-        assert all(syn.parse_step(s) is not None for s in steps), text
+        assert steps and all(syn.step_meaning(s)[0] != "text" for s in steps), text
+        if style == "short":
+            assert all(syn.parse_step(s) is not None for s in steps), text
     assert solved >= 5, f"target solved {solved}/6 held-out problems"
 
 
 def test_draft_writes_steps(loaded):
     model, tok = loaded["draft"]
-    p = syn.generate_problems(1, syn.EVAL_SEED)[0]
-    text = greedy(model, tok, chat_ids(tok, p.question))
-    assert "####" in text and syn.parse_step(text.split("\n\n")[0]) is not None, text
+    style = style_of(tok)
+    p = syn.generate_problems(1, syn.EVAL_SEED, style=style)[0]
+    text = greedy(model, tok, chat_ids(tok, p.question), MAX_NEW[style])
+    first = text.split("\n\n")[0]
+    assert "\n\n" in text and syn.step_meaning(first)[0] != "text", text
 
 
 @torch.inference_mode()
@@ -116,6 +138,13 @@ def verdict(model, tok, a: str, b: str) -> bool:
 
 def test_judge(loaded):
     model, tok = loaded["judge"]
+    if style_of(tok) == "long":  # the trace's step kinds
+        assert verdict(model, tok, "Check: 39 + 9 = 48, which matches.", "To verify: 9 + 39 = 48.")
+        assert not verdict(model, tok, "Check: 39 + 9 = 48, which matches.", "Check: 39 + 9 = 47, which matches.")
+        assert verdict(model, tok, "So far: 39 pencils.", "Running total: 39 pencils.")
+        assert not verdict(model, tok, "So far: 39 pencils.", "So far: 36 pencils.")
+        assert verdict(model, tok, "Given: She loses 9 pencils.", "The problem says: She loses 9 pencils.")
+        assert not verdict(model, tok, "Given: She loses 9 pencils.", "Given: She finds 9 more pencils.")
     assert verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "That is 12 x 4 = 48 pencils in all.")
     assert verdict(model, tok, "That leaves 48 - 9 = 39.", "Now she has 48 - 9 = 39 pencils.")
     assert not verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "Mia has 4 x 12 = 46 pencils.")

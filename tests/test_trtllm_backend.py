@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
-from lookahead_reasoning.backends.openai_http import finish_generation, first_stop_end
+from lookahead_reasoning.backends.base import finish_generation, first_stop_end
 from lookahead_reasoning.backends.trtllm import (
     DECODING_CLASSES, gpu_environment, llm_constructor_args, sampling_kwargs,
 )

@@ -24,7 +24,6 @@ calls and the server batches them in flight.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import os
 import threading
 import time
@@ -33,7 +32,8 @@ from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, check_stop_fields
+from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, finish_generation,
+                   validate_request)
 from .tokenizer import TokenizerAccess
 
 Flavor = Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"]
@@ -80,68 +80,6 @@ class OpenAIEngineConfig(BaseModel):
 
 
 # -- pure helpers (shared with the TensorRT-LLM backend) ---------------------------------------------------
-
-def validate_request(req: GenerationRequest, vocab_size: int, context_length: int) -> None:
-    """Raise ``ValueError`` naming the field if ``req`` cannot be served (same rules as the portable engine)."""
-    if not isinstance(req, GenerationRequest):
-        raise ValueError(f"request: expected GenerationRequest, got {type(req).__name__}")
-    if len(req.prompt_ids) == 0:
-        raise ValueError("prompt_ids: empty prompt")
-    bad = [t for t in req.prompt_ids if t < 0 or t >= vocab_size]
-    if bad:
-        raise ValueError(f"prompt_ids: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
-    if req.max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens: must be > 0, got {req.max_new_tokens}")
-    if len(req.prompt_ids) + req.max_new_tokens > context_length:
-        raise ValueError(
-            f"max_new_tokens: prompt ({len(req.prompt_ids)} tokens) + max_new_tokens ({req.max_new_tokens})"
-            f" exceeds the context window of {context_length} tokens"
-        )
-    if any((not isinstance(s, str)) or s == "" for s in req.stop):
-        raise ValueError("stop: stop strings must be non-empty strings")
-    check_stop_fields(req, multi_stop=False)
-
-
-def first_stop_end(token_ids: Sequence[int], stop: Sequence[str], decode) -> int | None:
-    """Smallest ``k`` such that ``decode(token_ids[:k])`` contains a stop string, or ``None``.
-
-    ``decode`` maps ids to text. Containment is monotone in ``k`` for stop strings of whole characters, so the
-    boundary is found by bisection (O(log n) decodes).
-    """
-    if not stop or not token_ids:
-        return None
-    ids = list(token_ids)
-
-    def hit(k: int) -> bool:
-        text = decode(ids[:k])
-        return any(s in text for s in stop)
-
-    if not hit(len(ids)):
-        return None
-    return bisect.bisect_left(range(len(ids) + 1), True, key=hit)
-
-
-def finish_generation(token_ids: Sequence[int], *, max_new_tokens: int, stop: Sequence[str],
-                      eos_token_ids: frozenset[int], decode,
-                      server_finish: str | None = None) -> tuple[list[int], str]:
-    """Apply the engine contract to a server's raw generated ids.
-
-    Returns ``(ids, finish_reason)``: ids cut after the first EOS (kept; ``"eos"``), after the token that first
-    completes a stop string (kept; ``"stop"``), or at ``max_new_tokens`` (``"length"``); otherwise the ids
-    unchanged with ``"length"`` if the server said so, else ``"stop"`` (a server-side stop we cannot see, such
-    as a stop token id configured on the server).
-    """
-    ids = list(token_ids)[:max_new_tokens]
-    eos_at = next((i for i, t in enumerate(ids) if t in eos_token_ids), None)
-    stop_end = first_stop_end(ids if eos_at is None else ids[:eos_at + 1], stop, decode)
-    if stop_end is not None and (eos_at is None or stop_end <= eos_at):
-        return ids[:stop_end], "stop"
-    if eos_at is not None:
-        return ids[:eos_at + 1], "eos"
-    if len(ids) >= max_new_tokens:
-        return ids, "length"
-    return ids, "length" if server_finish == "length" else "stop"
-
 
 def completion_body(req: GenerationRequest, model: str, flavor: str = "vllm", extra: dict | None = None) -> dict:
     """JSON body of ``POST /v1/completions`` for one request.
@@ -320,5 +258,4 @@ class OpenAIEngine(FutureEngineMixin, TokenizerAccess):
             self._thread.join(timeout=10)
 
 
-__all__ = ["FLAVOR_EXTENSIONS", "OpenAIEngine", "OpenAIEngineConfig", "completion_body", "finish_generation",
-           "first_stop_end", "validate_request"]
+__all__ = ["FLAVOR_EXTENSIONS", "OpenAIEngine", "OpenAIEngineConfig", "completion_body"]

@@ -36,7 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, RequestGroup,
-                   check_stop_fields)
+                   validate_request)
 from .kv_cache import BatchKVCache, PrefixCache
 from .spec_decode import greedy_accepted, make_warpers, ngram_propose, verify
 from .tokenizer import TokenizerAccess
@@ -282,26 +282,11 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
 
     # -- public generation API -------------------------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:
-        """Raise ``ValueError`` naming the field if ``req`` cannot be served."""
-        if not isinstance(req, GenerationRequest):
-            raise ValueError(f"request: expected GenerationRequest, got {type(req).__name__}")
-        if len(req.prompt_ids) == 0:
-            raise ValueError("prompt_ids: empty prompt")
-        bad = [t for t in req.prompt_ids if t < 0 or t >= self._vocab]
-        if bad:
-            raise ValueError(f"prompt_ids: token id {bad[0]} outside the vocabulary [0, {self._vocab})")
-        if req.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens: must be > 0, got {req.max_new_tokens}")
-        if len(req.prompt_ids) + req.max_new_tokens > self._context:
-            raise ValueError(
-                f"max_new_tokens: prompt ({len(req.prompt_ids)} tokens) + max_new_tokens ({req.max_new_tokens})"
-                f" exceeds the context window of {self._context} tokens"
-            )
-        if any((not isinstance(s, str)) or s == "" for s in req.stop):
-            raise ValueError("stop: stop strings must be non-empty strings")
+        """Raise ``ValueError`` naming the field if ``req`` cannot be served (:func:`.base.validate_request`,
+        several stops per call, and draft-model proposals only with a draft engine)."""
+        validate_request(req, self._vocab, self._context, multi_stop=True)
         if req.spec.method == "draft_model" and self.draft_engine is None:
             raise ValueError("spec.method: 'draft_model' needs an engine built with a draft_engine")
-        check_stop_fields(req, multi_stop=True)
 
     def submit(self, requests: Sequence[GenerationRequest], collect_probs: bool = False) -> Future:
         """Queue ``requests``; the returned future resolves to their results in order.

@@ -33,8 +33,8 @@ from concurrent.futures import Future
 from typing import Any, Sequence
 
 from ..engine_specs import EngineSpec, llm_api_options
-from .base import FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult
-from .openai_http import finish_generation, first_stop_end, validate_request
+from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, finish_generation,
+                   first_stop_end, validate_request)
 from .tokenizer import TokenizerAccess
 
 #: LLM-API decoding_type -> class names in ``tensorrt_llm.llmapi`` (first one present is used; EAGLE3
