@@ -70,9 +70,11 @@ PROFILES: dict[str, Profile] = {
     "demo": Profile(
         name="demo",
         description="the embedded demo trio (engines/demo): synthetic step-structured arithmetic",
-        target=ModelSpec(path="demo/target"),
-        draft=ModelSpec(path="demo/draft"),
-        judge=ModelSpec(path="demo/judge"),
+        # float32 pinned: the trio is overhead-bound (bf16 is slower), and dtype auto's start-up micro-benchmark
+        # could pick differently in two processes on a loaded machine, so served and in-process answers differ
+        target=ModelSpec(path="demo/target", dtype="float32"),
+        draft=ModelSpec(path="demo/draft", dtype="float32"),
+        judge=ModelSpec(path="demo/judge", dtype="float32"),
         options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=400),
     ),
     "smollm2": Profile(

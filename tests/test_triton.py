@@ -172,11 +172,9 @@ def test_custom_metrics_exported(triton_server, items):
 
 
 def test_engine_dtypes_reported(triton_server):
-    """dtype auto is resolved inside each role model and exported; the demo trio is overhead-bound: float32."""
-    dtypes = triton_server.engine_dtypes()
-    assert set(dtypes) == {"draft", "target", "judge"}
-    assert set(dtypes.values()) <= {"float32", "bfloat16"}
-    assert dtypes["target"] == "float32"
+    """Each role model's dtype is resolved inside it and exported; the demo profile pins float32 (overhead-bound
+    models, and the same numbers in and out of the server)."""
+    assert triton_server.engine_dtypes() == {"draft": "float32", "target": "float32", "judge": "float32"}
 
 
 def test_server_reports_its_profile(triton_server):
