@@ -372,8 +372,8 @@ class _Run:
     """State of one request while the loop runs."""
 
     def __init__(self, owner: LookaheadReasoner, opts: LROptions, ctx: _Context) -> None:
-        self.o, self.opts, self.ctx = owner, opts, ctx
-        self.m = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids),
+        self.reasoner, self.opts, self.ctx = owner, opts, ctx
+        self.metrics = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids),
                                 target_sd_method=opts.target_sd.method)
         self.draft_ok = opts.speculative
         self.controller = owner.controller(opts) if opts.adaptive_gamma else None
@@ -400,14 +400,14 @@ class _Run:
         reqs = self._target_requests(prefixes, budgets)
         t0 = time.perf_counter()
         try:
-            results = await asyncio.wait_for(self.o.target.agenerate(reqs), self.opts.target_timeout_s)
+            results = await asyncio.wait_for(self.reasoner.target.agenerate(reqs), self.opts.target_timeout_s)
         except asyncio.CancelledError:
             raise
         except ValueError:
             raise
         except Exception as exc:
             raise RuntimeError(f"target model failed: {type(exc).__name__}: {exc}") from exc
-        self.m.target_seconds += time.perf_counter() - t0
+        self.metrics.target_seconds += time.perf_counter() - t0
         return self._target_results(results)
 
     async def _target_result(self, fut: asyncio.Future, deadline: float | None) -> GenerationResult:
@@ -429,22 +429,22 @@ class _Run:
 
     def _account_target(self, results: list[GenerationResult]) -> None:
         """Count one target call's work (cancelled branches included: their forwards were run)."""
-        self.m.target_calls += 1
-        self.m.target_branches += len(results)
-        self.m.target_cancelled_branches += sum(r.finish_reason == "cancelled" for r in results)
-        self.m.target_call_forwards += max((r.counters.forward_passes for r in results), default=0)
+        self.metrics.target_calls += 1
+        self.metrics.target_branches += len(results)
+        self.metrics.target_cancelled_branches += sum(r.finish_reason == "cancelled" for r in results)
+        self.metrics.target_call_forwards += max((r.counters.forward_passes for r in results), default=0)
         prefill = _prefill_tokens(results)
-        self.m.target_prefill_tokens += prefill
-        self.m.target_prefill_calls += prefill > 0
+        self.metrics.target_prefill_tokens += prefill
+        self.metrics.target_prefill_calls += prefill > 0
         for r in results:
-            self.m.target_call_tokens += len(r.token_ids)
-            self.m.target_forward_passes += r.counters.forward_passes
-            self.m.target_forward_positions += r.counters.forward_positions
-            self.m.target_drafted_tokens += r.counters.drafted_tokens
-            self.m.target_accepted_tokens += r.counters.accepted_tokens
+            self.metrics.target_call_tokens += len(r.token_ids)
+            self.metrics.target_forward_passes += r.counters.forward_passes
+            self.metrics.target_forward_positions += r.counters.forward_positions
+            self.metrics.target_drafted_tokens += r.counters.drafted_tokens
+            self.metrics.target_accepted_tokens += r.counters.accepted_tokens
 
     def _step_of(self, r: GenerationResult) -> Step:
-        draft_ids = r.token_ids if self.o.shared_tokenizer or self.o.draft is None else self.o.draft.encode(r.text)
+        draft_ids = r.token_ids if self.reasoner.shared_tokenizer or self.reasoner.draft is None else self.reasoner.draft.encode(r.text)
         return Step(r.text, list(r.token_ids), list(draft_ids), r.finish_reason, "target")
 
     async def _draft_steps(self, prefix: list[int], budget: int, width: int, salt: int) -> list[Step] | None:
@@ -460,37 +460,37 @@ class _Run:
             return None
         steps = []
         for r in results:
-            target_ids = r.token_ids if self.o.shared_tokenizer else self.o.target.encode(r.text)
+            target_ids = r.token_ids if self.reasoner.shared_tokenizer else self.reasoner.target.encode(r.text)
             steps.append(Step(r.text, list(target_ids), list(r.token_ids), r.finish_reason, "draft"))
-        self.m.drafted_steps += len(steps)
+        self.metrics.drafted_steps += len(steps)
         return steps
 
     async def _draft_call(self, reqs: list[GenerationRequest]) -> list[GenerationResult] | None:
         """One timed and accounted draft engine call; None if it failed (the request then goes target-only)."""
         t0 = time.perf_counter()
         try:
-            results = await asyncio.wait_for(self.o.draft.agenerate(reqs), self.opts.draft_timeout_s)
+            results = await asyncio.wait_for(self.reasoner.draft.agenerate(reqs), self.opts.draft_timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a failing draft degrades the request to target-only
             self.draft_ok = False
-            self.m.draft_failures += 1
+            self.metrics.draft_failures += 1
             return None
         finally:
-            self.m.draft_seconds += time.perf_counter() - t0
+            self.metrics.draft_seconds += time.perf_counter() - t0
         self._account_draft(results)
         return results
 
     def _account_draft(self, results: list[GenerationResult]) -> None:
         """Count one draft call's work."""
         prefill = _prefill_tokens(results)
-        self.m.draft_prefill_tokens += prefill
-        self.m.draft_prefill_calls += prefill > 0
+        self.metrics.draft_prefill_tokens += prefill
+        self.metrics.draft_prefill_calls += prefill > 0
         for r in results:
-            self.m.draft_call_tokens += len(r.token_ids)
-            self.m.draft_forward_passes += r.counters.forward_passes
-            self.m.draft_forward_positions += r.counters.forward_positions
-            self.m.draft_proposed_tokens += r.counters.drafted_tokens
+            self.metrics.draft_call_tokens += len(r.token_ids)
+            self.metrics.draft_forward_passes += r.counters.forward_passes
+            self.metrics.draft_forward_positions += r.counters.forward_positions
+            self.metrics.draft_proposed_tokens += r.counters.drafted_tokens
 
     async def _draft_chain(self, prefix: list[int], budget: int, gamma: int) -> list[Step] | None:
         """Draft ``gamma`` steps in ONE engine call that stops at the ``gamma``-th delimiter (each step capped at
@@ -513,18 +513,18 @@ class _Run:
             if not ids:
                 break
             finish = "stop" if end in r.stop_offsets else r.finish_reason
-            text = self.o.draft.decode(ids)
-            target_ids = ids if self.o.shared_tokenizer else self.o.target.encode(text)
+            text = self.reasoner.draft.decode(ids)
+            target_ids = ids if self.reasoner.shared_tokenizer else self.reasoner.target.encode(text)
             steps.append(Step(text, target_ids, ids, finish, "draft"))
             start = end
-        self.m.drafted_steps += len(steps)
+        self.metrics.drafted_steps += len(steps)
         return steps
 
     async def _verify(self, pairs: list[tuple[Step, Step]]):
         verdicts, seconds, failed = await timed_verify(self.verifier, pairs, self.opts.judge_timeout_s)
-        self.m.judge_seconds += seconds
+        self.metrics.judge_seconds += seconds
         if failed:
-            self.m.fallbacks += 1
+            self.metrics.fallbacks += 1
         return verdicts
 
     # -- committing ------------------------------------------------------------------------------------
@@ -536,22 +536,22 @@ class _Run:
             cut = min(step.text.index(s) + len(s) for s in user_stop)
             if cut < len(step.text):
                 text = step.text[:cut]
-                ids = self.o.target.encode(text)
+                ids = self.reasoner.target.encode(text)
                 step = Step(text, ids, ids, "stop", step.source)
         if len(ids) > self.ctx.remaining:
             ids = ids[: self.ctx.remaining]
-            text = self.o.target.decode(ids)
-            step = Step(text, ids, self.o.draft.encode(text) if self.o.draft and not self.o.shared_tokenizer else ids,
+            text = self.reasoner.target.decode(ids)
+            step = Step(text, ids, self.reasoner.draft.encode(text) if self.reasoner.draft and not self.reasoner.shared_tokenizer else ids,
                         "length", step.source)
         self.ctx.commit(step)
-        self.m.steps += 1
+        self.metrics.steps += 1
         if step.source == "draft":
-            self.m.draft_tokens += len(ids)
+            self.metrics.draft_tokens += len(ids)
         else:
-            self.m.target_tokens += len(ids)
-            self.m.target_steps += 1
-        if self.m.ttft_seconds is None:
-            self.m.ttft_seconds = time.perf_counter() - self.t0
+            self.metrics.target_tokens += len(ids)
+            self.metrics.target_steps += 1
+        if self.metrics.ttft_seconds is None:
+            self.metrics.ttft_seconds = time.perf_counter() - self.t0
         if user_stop:
             self.finish = "stop"
         elif step.finish == "eos":
@@ -563,10 +563,10 @@ class _Run:
         return event
 
     def _result(self) -> LRResult:
-        m = self.m
+        m = self.metrics
         m.generated_tokens = len(self.ctx.generated)
         m.seconds = time.perf_counter() - self.t0
-        m.speedup_estimate = m.estimate(self.o.cost_model)
+        m.speedup_estimate = m.estimate(self.reasoner.cost_model)
         return LRResult(self.ctx.text, list(self.ctx.generated), self.finish or "length", self.opts.mode, m,
                         self.events_out)
 
@@ -575,7 +575,7 @@ class _Run:
             return 0
         if self.controller is None:
             return self.opts.gamma
-        load = getattr(self.o.target, "active_sequences", 0)
+        load = getattr(self.reasoner.target, "active_sequences", 0)
         return self.controller.next_gamma(load)
 
     # -- loops -----------------------------------------------------------------------------------------
@@ -591,12 +591,12 @@ class _Run:
 
     async def _sync_cycle(self, gamma: int) -> list[StepEvent]:
         ctx, width = self.ctx, self.opts.width
-        self.m.cycles += 1
-        self.m.gamma_sum += gamma
+        self.metrics.cycles += 1
+        self.metrics.gamma_sum += gamma
         chain: list[Step] = []          # candidate 0 per depth
         candidates: list[list[Step]] = []
         used = 0
-        if width == 1 and gamma > 1 and self.draft_ok and getattr(self.o.draft, "supports_stop_count", False):
+        if width == 1 and gamma > 1 and self.draft_ok and getattr(self.reasoner.draft, "supports_stop_count", False):
             chain = await self._draft_chain(ctx.draft_ids, ctx.remaining, gamma) or []
             candidates = [[d] for d in chain]
             gamma_left = 0
@@ -637,7 +637,7 @@ class _Run:
         """
         t0 = time.perf_counter()
         deadline = t0 + self.opts.target_timeout_s if self.opts.target_timeout_s else None
-        group = start_requests(self.o.target, self._target_requests(prefixes, budgets))
+        group = start_requests(self.reasoner.target, self._target_requests(prefixes, budgets))
         # All branches first: judging each as it finished (and cancelling deeper ones) was measured within noise
         # (8.72 s against 8.89 s; branches end within a forward of each other) and made the judge's batches depend
         # on timing, so a near-tie verdict of the llm judge could differ between runs and between in-process and
@@ -648,7 +648,7 @@ class _Run:
             group.cancel(range(len(prefixes)))
             raise
         finally:
-            self.m.target_seconds += time.perf_counter() - t0
+            self.metrics.target_seconds += time.perf_counter() - t0
         self._account_target(results)
         depths = min(len(prefixes), len(chain))
         pairs = [(i, d) for i in range(depths) for d in candidates[i] if d.complete]
@@ -659,7 +659,7 @@ class _Run:
         for i in range(depths):
             hit = next((d for d in candidates[i] if id(d) in ok), None)
             if any(d.complete for d in candidates[i]):
-                self.m.record_depth(i, hit is not None)
+                self.metrics.record_depth(i, hit is not None)
             if hit is None:
                 events.append(self._commit(self._step_of(results[i]), i))
                 break
@@ -681,8 +681,8 @@ class _Run:
         ctx = self.ctx
         while self.finish is None:
             gamma = self._gamma()
-            self.m.cycles += 1
-            self.m.gamma_sum += gamma
+            self.metrics.cycles += 1
+            self.metrics.gamma_sum += gamma
             drafts: list[Step] = []
             targets: list[asyncio.Task] = [asyncio.ensure_future(self._target_steps([ctx.target_ids], [ctx.remaining]))]
             draft_task = self._start_draft(drafts, gamma)
@@ -707,7 +707,7 @@ class _Run:
                     t0 = targets[0].result()[0]
                     if drafts and drafts[0].complete:
                         verdict = (await self._verify([(t0, drafts[0])]))[0]
-                        self.m.record_depth(depth, verdict.accept)
+                        self.metrics.record_depth(depth, verdict.accept)
                         self._adapt(1, int(verdict.accept))
                         if verdict.accept:
                             yield self._commit(drafts.pop(0), depth)

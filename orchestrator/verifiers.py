@@ -1,6 +1,6 @@
 """Step verifiers: decide whether a drafted step means the same as the target's step.
 
-One batched interface: ``await verifier.verify(pairs) -> list[Verdict]`` for ``(target step, draft step)``
+One batched interface: ``await verifier.verify(pairs) -> list[StepVerdict]`` for ``(target step, draft step)``
 pairs. Verifiers (the paper's ablation, arXiv 2506.19830 section 5):
 
 - ``exact``: identical tokens (with greedy sampling Lookahead Reasoning is then lossless);
@@ -33,7 +33,7 @@ JUDGES: tuple[str, ...] = get_args(JudgeName)
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StepVerdict:
     """Outcome for one pair: ``accept``; ``score`` in [0, 1]; ``reason`` names the rule that decided."""
 
     accept: bool
@@ -44,7 +44,7 @@ class Verdict:
 class Verifier(Protocol):
     name: str
 
-    async def verify(self, pairs: Sequence[tuple[Step, Step]]) -> list[Verdict]: ...
+    async def verify(self, pairs: Sequence[tuple[Step, Step]]) -> list[StepVerdict]: ...
 
 
 def normalize(text: str) -> str:
@@ -64,7 +64,7 @@ class ExactVerifier:
     name = "exact"
 
     async def verify(self, pairs):
-        return [Verdict(t.target_ids == d.target_ids, float(t.target_ids == d.target_ids), "exact") for t, d in pairs]
+        return [StepVerdict(t.target_ids == d.target_ids, float(t.target_ids == d.target_ids), "exact") for t, d in pairs]
 
 
 class NormalizedVerifier:
@@ -74,7 +74,7 @@ class NormalizedVerifier:
         out = []
         for t, d in pairs:
             ok = normalize(t.text) == normalize(d.text)
-            out.append(Verdict(ok, float(ok), "normalized"))
+            out.append(StepVerdict(ok, float(ok), "normalized"))
         return out
 
 
@@ -84,11 +84,11 @@ class _Semantic:
     name = "semantic"
 
     async def verify(self, pairs):
-        out: list[Verdict | None] = []
+        out: list[StepVerdict | None] = []
         todo = []
         for i, (t, d) in enumerate(pairs):
             if normalize(t.text) == normalize(d.text):
-                out.append(Verdict(True, 1.0, "normalized"))
+                out.append(StepVerdict(True, 1.0, "normalized"))
             else:
                 out.append(None)
                 todo.append(i)
@@ -113,7 +113,7 @@ class NumericVerifier(_Semantic):
         for t, d in pairs:
             a, b = numbers(t.text), numbers(d.text)
             ok = bool(a) and sorted(a) == sorted(b) and a[-1] == b[-1]
-            out.append(Verdict(ok, float(ok), "numeric"))
+            out.append(StepVerdict(ok, float(ok), "numeric"))
         return out
 
 
@@ -143,7 +143,7 @@ class EmbeddingVerifier(_Semantic):
         out = []
         for i in range(len(pairs)):
             score = float((emb[2 * i] * emb[2 * i + 1]).sum())
-            out.append(Verdict(score >= self.threshold, max(0.0, min(1.0, score)), "embedding"))
+            out.append(StepVerdict(score >= self.threshold, max(0.0, min(1.0, score)), "embedding"))
         return out
 
 
@@ -172,7 +172,7 @@ class LLMJudgeVerifier(_Semantic):
         for r in results:
             tok = r.token_ids[0] if r.token_ids else -1
             ok = tok == self.aligned_id
-            out.append(Verdict(ok, float(ok), "llm" if tok in (self.aligned_id, self.unaligned_id) else "llm-other"))
+            out.append(StepVerdict(ok, float(ok), "llm" if tok in (self.aligned_id, self.unaligned_id) else "llm-other"))
         return out
 
 
@@ -189,7 +189,7 @@ class RandomVerifier:
         out = []
         for _ in pairs:
             x = self.rng.random()
-            out.append(Verdict(x < self.p, x, "random"))
+            out.append(StepVerdict(x < self.p, x, "random"))
         return out
 
 
@@ -226,7 +226,7 @@ def make_verifier(config: VerifierConfig, judge_engine: Engine | None = None) ->
     return LLMJudgeVerifier(judge_engine)
 
 
-async def timed_verify(verifier: Verifier, pairs, timeout_s: float | None) -> tuple[list[Verdict], float, bool]:
+async def timed_verify(verifier: Verifier, pairs, timeout_s: float | None) -> tuple[list[StepVerdict], float, bool]:
     """Run ``verifier`` with a timeout. A failing or slow judge rejects every pair (the target's step is
     kept, so output stays correct). Returns ``(verdicts, seconds, failed)``."""
     t0 = time.perf_counter()
@@ -236,6 +236,6 @@ async def timed_verify(verifier: Verifier, pairs, timeout_s: float | None) -> tu
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - any judge failure is a fallback, by design
-        verdicts = [Verdict(False, 0.0, f"fallback: {type(exc).__name__}") for _ in pairs]
+        verdicts = [StepVerdict(False, 0.0, f"fallback: {type(exc).__name__}") for _ in pairs]
         failed = True
     return verdicts, time.perf_counter() - t0, failed

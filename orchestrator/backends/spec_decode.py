@@ -108,7 +108,7 @@ def greedy_accepted(proposals: torch.Tensor, real: torch.Tensor, best: torch.Ten
 
 
 @dataclass
-class Verdict:
+class TokenVerdict:
     """Outcome of verifying one sequence's proposals.
 
     Attributes:
@@ -130,7 +130,7 @@ def verify(
     warpers: LogitsProcessorList,
     generator: torch.Generator | None,
     draft_probs: torch.Tensor | None = None,
-) -> Verdict:
+) -> TokenVerdict:
     """Verify ``k`` proposals against target logits and return the accepted tokens plus one more.
 
     Args:
@@ -143,7 +143,7 @@ def verify(
         draft_probs: ``[k, vocab]`` draft distributions for a sampling model proposer; None means
             deterministic proposals (one-hot ``q``).
     Returns:
-        :class:`Verdict` with ``accepted + 1`` tokens (accepted proposals, then the correction or bonus).
+        :class:`TokenVerdict` with ``accepted + 1`` tokens (accepted proposals, then the correction or bonus).
     """
     k = len(proposals)
     if params.greedy:
@@ -151,7 +151,7 @@ def verify(
         accepted = 0
         while accepted < k and proposals[accepted] == best[accepted]:
             accepted += 1
-        return Verdict(list(proposals[:accepted]) + [best[accepted]], accepted)
+        return TokenVerdict(list(proposals[:accepted]) + [best[accepted]], accepted)
 
     probs = target_probs(logits, warpers)
     out: list[int] = []
@@ -171,6 +171,6 @@ def verify(
         total = float(residual.sum())
         residual = residual / total if total > 0 else p
         out.append(int(torch.multinomial(residual, 1, generator=generator)))
-        return Verdict(out, i, probs[: i + 1])
+        return TokenVerdict(out, i, probs[: i + 1])
     out.append(int(torch.multinomial(probs[k], 1, generator=generator)))
-    return Verdict(out, k, probs)
+    return TokenVerdict(out, k, probs)
