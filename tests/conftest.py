@@ -99,14 +99,24 @@ def triton_server(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def openai_front(triton_server):
+def _front(server):
+    """The OpenAI-compatible front on a free loopback port, forwarding to ``server``; yields HOST:PORT."""
     from lookahead_reasoning.serving.openai_front import start_front
 
     port = free_port()
-    front = start_front(triton_server.grpc_url, "127.0.0.1", port)
+    front = start_front(server.grpc_url, "127.0.0.1", port)
     yield f"127.0.0.1:{port}"
     front.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_front(triton_server):
+    yield from _front(triton_server)
+
+
+@pytest.fixture(scope="session")
+def tiny_openai(tiny_server):
+    yield from _front(tiny_server)
 
 
 @pytest.fixture(scope="session")

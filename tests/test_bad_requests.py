@@ -214,17 +214,6 @@ def test_http(tiny_server, case):
     assert good.metrics["generated_tokens"] == 6
 
 
-@pytest.fixture(scope="module")
-def tiny_openai(tiny_server):
-    from lookahead_reasoning.serving.openai_front import start_front
-    from lookahead_reasoning.serving.server import free_port
-
-    port = free_port()
-    front = start_front(tiny_server.grpc_url, "127.0.0.1", port)
-    yield f"127.0.0.1:{port}"
-    front.stop()
-
-
 def _openai_body(case: Case) -> tuple[str, dict]:
     """The case as an OpenAI request: the endpoint and a body with the OpenAI names of the fields."""
     from lookahead_reasoning.request import BY_NAME, canonical
