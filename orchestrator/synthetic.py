@@ -269,11 +269,17 @@ _POS_F = (0, 2, 1, 1, 0, 2, 0, 1)
 _POS_O = (1, 0, 0, 1, 1, 0, 1, 0)
 
 
-def step_style(context: ProblemContext, position: int) -> tuple[int, int]:
-    """(frame in 0..2, operand order in 0..1) of step ``position`` (0-based) for a problem's context.
+def step_style(context: ProblemContext, position: int, kind: str | None = None) -> tuple[int, int]:
+    """(frame in 0..2, operand order in 0..1) of a step for a problem's context.
 
-    Deterministic in the name, the item and the position; order 1 swaps the operands of ``+`` / ``x``.
+    Deterministic in the name, the item and, in the short style, the step's ``position`` (0-based); in the long
+    style (``kind`` given) in the step's kind instead: a trace has 20+ steps, and a wording that depends on a
+    step's index modulo a table would ask the model to count steps, where a fixed wording per kind of step is a
+    plain lookup. Order 1 swaps the operands of ``+`` / ``x``.
     """
+    if kind is not None:
+        frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _KIND_F[kind]) % 3
+        return frame, (_NAME_O[context.name] + _KIND_O[kind]) % 2
     p = position % len(_POS_F)
     frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _POS_F[p]) % 3
     order = (_NAME_O[context.name] + _POS_O[p]) % 2
@@ -350,6 +356,9 @@ _TRACE_FRAMES: dict[str, tuple[str, ...]] = {
     "final": ("The answer is {v} {u}.", "Final answer: {v} {u}.", "Answer: {v}."),
 }
 TRACE_KINDS = tuple(_TRACE_FRAMES)
+# Long style: the wording offsets of each step kind (see step_style).
+_KIND_F = {k: (i * 2 + 1) % 3 for i, k in enumerate(STEP_KINDS + TRACE_KINDS)}
+_KIND_O = {k: (i * 3 // 2) % 2 for i, k in enumerate(STEP_KINDS + TRACE_KINDS)}
 _INVERSE = {"+": "-", "-": "+", "x": "/", "/": "x"}
 
 
@@ -665,7 +674,8 @@ def _generate_one(rng: random.Random, difficulty: int, style: str = "short") -> 
 
     calcs = [StepSpec(k, c, slots=sl) for k, c, sl in zip(bld.kinds, bld.comps, bld.slots)]
     specs = calcs if style == "short" else _trace_specs(bld, calcs)
-    steps = [render_spec(sp, ctx, *step_style(ctx, i)) for i, sp in enumerate(specs)]
+    steps = [render_spec(sp, ctx, *step_style(ctx, i, sp.kind if style == "long" else None))
+             for i, sp in enumerate(specs)]
     return Problem(
         question=" ".join(bld.sentences), steps=steps, answer=bld.comps[-1].result,
         computations=tuple(bld.comps), specs=tuple(specs), difficulty=difficulty, context=ctx, style=style,
@@ -860,10 +870,14 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
     return pairs
 
 
+def _style_at(prob: Problem, j: int) -> tuple[int, int]:
+    return step_style(prob.context, j, prob.specs[j].kind if prob.style == "long" else None)
+
+
 def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
     ctx, spec = prob.context, prob.specs[j]
     comp = spec.computation
-    frame, order = step_style(ctx, j)
+    frame, order = _style_at(prob, j)
     gold = prob.steps[j]
 
     def render(c: Computation | None = None, f: int = frame, o: int = order, **changes) -> str:
@@ -879,7 +893,7 @@ def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
         i = others[rng.randrange(len(others))]
         if rng.random() < 0.5:
             return prob.steps[i]
-        f, o = _other_style(rng, prob.specs[i], *step_style(ctx, i))
+        f, o = _other_style(rng, prob.specs[i], *_style_at(prob, i))
         return render_spec(prob.specs[i], ctx, f, o)
 
     u = rng.random()

@@ -235,3 +235,17 @@ def test_long_step_pairs_cover_every_trace_kind():
     # positives are mostly other wordings, not copies
     pos = [(a, b) for a, b, y in pairs if y]
     assert sum(a != b for a, b in pos) > 0.75 * len(pos)
+
+
+def test_long_wording_is_a_lookup_by_kind_and_varies_across_problems():
+    """In a trace the wording of a step is a function of the name, the item and the step's kind (not of its
+    index, which a model would have to count), and every frame of a kind is used across problems."""
+    ps = syn.generate_problems(300, seed=91, style="long")
+    frames: dict[str, set[int]] = {}
+    for p in ps:
+        for i, (sp, text) in enumerate(zip(p.specs, p.steps)):
+            style = syn.step_style(p.context, i, sp.kind)
+            assert style == syn.step_style(p.context, 0, sp.kind)  # the index plays no part
+            assert syn.render_spec(sp, p.context, *style) == text
+            frames.setdefault(sp.kind, set()).add(style[0])
+    assert all(len(v) == 3 for k, v in frames.items() if k != "close"), frames
