@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
@@ -66,24 +66,24 @@ FIELDS: tuple[RequestField, ...] = (
                  "the prompt (a model with a chat template gets it as one user message)"),
     RequestField("messages", "STRING", False, "messages", "--messages", "messages",
                  'chat messages as JSON: [{"role": "system|user|assistant", "content": "..."}]'),
-    RequestField("max_tokens", "INT32", False, "max_tokens", "--max-tokens", "max_tokens", "new-token budget"),
+    RequestField("max_tokens", "INT64", False, "max_tokens", "--max-tokens", "max_tokens", "new-token budget"),
     RequestField("stream", "BOOL", False, "stream", None, "stream", "one response per decided step"),
     RequestField("temperature", "FP32", False, "temperature", "--temperature", "temperature", "0 = greedy (default)"),
     RequestField("top_p", "FP32", False, "top_p", "--top-p", "top_p", "nucleus sampling mass, in (0, 1]"),
-    RequestField("top_k", "INT32", False, "top_k", "--top-k", "top_k", "sample among the k most likely tokens (0: all)"),
+    RequestField("top_k", "INT64", False, "top_k", "--top-k", "top_k", "sample among the k most likely tokens (0: all)"),
     RequestField("seed", "INT64", False, "seed", "--seed", "seed", "sampling seed (>= 0)"),
     RequestField("stop", "STRING", True, "stop", "--stop", "stop", "user stop string (repeatable)"),
     RequestField("mode", "STRING", False, "mode", "--mode", "mode", " | ".join(MODES)),
-    RequestField("gamma", "INT32", False, "gamma", "--gamma", "gamma", "lookahead depth: drafted steps per cycle"),
+    RequestField("gamma", "INT64", False, "gamma", "--gamma", "gamma", "lookahead depth: drafted steps per cycle"),
     RequestField("judge", "STRING", False, "judge", "--judge", "judge",
                  "step verifier: " + " | ".join(JUDGES) + " (default: the profile's)"),
     RequestField("async_mode", "BOOL", False, "async", "--async", "async", "pipelined asynchronous loop"),
     RequestField("adaptive_gamma", "BOOL", False, "adaptive_gamma", "--adaptive-gamma", "adaptive_gamma",
                  "adapt gamma to acceptance and load"),
-    RequestField("width", "INT32", False, "width", "--width", "width", "draft candidates per depth (sync loop)"),
+    RequestField("width", "INT64", False, "width", "--width", "width", "draft candidates per depth (sync loop)"),
     RequestField("delimiter", "STRING", False, "delimiter", "--delimiter", "delimiter",
                  'step delimiter (default "\\n\\n"; escapes like \\n allowed on the command line)'),
-    RequestField("max_step_tokens", "INT32", False, "max_step_tokens", "--max-step-tokens", "max_step_tokens",
+    RequestField("max_step_tokens", "INT64", False, "max_step_tokens", "--max-step-tokens", "max_step_tokens",
                  "tokens per step at most"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
@@ -93,28 +93,35 @@ TRITON_INPUTS: tuple[str, ...] = tuple(f.triton for f in FIELDS)
 TRITON_OUTPUTS: tuple[tuple[str, str], ...] = (("text_output", "STRING"), ("metrics", "STRING"))
 
 
+#: Integers travel as 64-bit tensors (Triton inputs, the client): a value that does not fit is refused here,
+#: never wrapped around. Floats must be finite (a float32 input that overflowed arrives as inf).
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class LRRequest(BaseModel):
-    """A request's typed values (``None``: the profile's default). Types only: the ranges are the options'."""
+    """A request's typed values (``None``: the profile's default). Types only (64-bit integers, finite floats):
+    the ranges are the options'."""
 
     model_config = ConfigDict(extra="forbid")
 
     prompt: StrictStr | None = None
     messages: list[Message] | None = None
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     stream: StrictBool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
+    temperature: Finite | None = None
+    top_p: Finite | None = None
+    top_k: Int64 | None = None
+    seed: Int64 | None = None
     stop: list[StrictStr] | None = None
     mode: Mode | None = None
-    gamma: int | None = None
+    gamma: Int64 | None = None
     judge: JudgeName | None = None
     async_mode: StrictBool | None = None
     adaptive_gamma: StrictBool | None = None
-    width: int | None = None
+    width: Int64 | None = None
     delimiter: StrictStr | None = None
-    max_step_tokens: int | None = None
+    max_step_tokens: Int64 | None = None
 
     def chat(self) -> list[dict] | None:
         """The messages as plain dicts (what the engines' chat templates take), or None."""

@@ -83,7 +83,12 @@ CASES = [
     Case("wrong dtype: text_input as INT32", {}, {"grpc": "text_input"}, channels=("grpc",),
          raw={"text_input": (np.array([3], dtype=np.int32), "INT32")}),
     Case("wrong shape: gamma [2]", {}, {"grpc": "gamma"}, channels=("grpc",),
-         raw={"gamma": (np.array([1, 2], dtype=np.int32), "INT32")}),
+         raw={"gamma": (np.array([1, 2], dtype=np.int64), "INT64")}),
+    # Values that do not fit a 32-bit integer or a float32 are refused by name, never wrapped around or made inf.
+    Case("max_tokens beyond 32 bits", {"max_tokens": 2**32 + 5}, _e("max_tokens")),
+    Case("gamma beyond 32 bits", {"gamma": 2**32 + 2}, _e("gamma")),
+    Case("temperature beyond float32", {"temperature": 1e39}, _e("temperature"), channels=("grpc", "http", "openai")),
+    Case("top_k beyond 64 bits", {"top_k": 2**64 + 1}, _e("top_k"), channels=("cli", "openai")),
     Case("unknown input", {}, {"grpc": "colour", "http": "colour"}, channels=("grpc", "http"),
          raw={"colour": (np.array([b"red"], dtype=np.object_), "BYTES")}),
     Case("string where a number goes", {"max_tokens": "many"}, {"http": "Unable to parse", "openai": "max_tokens"},
