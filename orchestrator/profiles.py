@@ -121,10 +121,13 @@ def build_reasoner(profile: Profile, need_draft: bool = True, need_judge: bool =
 
 
 def build_reasoner_for(profile: Profile, opts: LROptions, modes):
-    """:func:`build_reasoner` starting only the engines ``modes`` with ``opts`` need (the draft for ``lr`` /
-    ``lr+sd``, the judge engine for the ``llm`` judge)."""
+    """:func:`build_reasoner` starting only the engines ``modes`` with ``opts`` need: the draft for ``lr`` /
+    ``lr+sd``, and for ``sd`` when its token proposals come from the draft model (``target_spec.method:
+    draft_model``); the judge engine for the ``llm`` judge."""
     speculative = any(m in ("lr", "lr+sd") for m in modes)
-    return build_reasoner(profile, need_draft=speculative, need_judge=speculative and opts.judge.name == "llm")
+    draft_sd = opts.target_spec.method == "draft_model" and any(m in ("sd", "lr+sd") for m in modes)
+    return build_reasoner(profile, need_draft=speculative or draft_sd,
+                          need_judge=speculative and opts.judge.name == "llm")
 
 
 def close_reasoner(reasoner) -> None:

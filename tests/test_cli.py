@@ -41,6 +41,18 @@ def test_generate_json(tiny_profile):
     assert m["cost_model"]["c"] > 0 and m["speedup_estimate"] > 0
 
 
+def test_draft_model_sd_alone_runs(tiny_profile, tmp_path):
+    """`sd` with draft-model proposals starts the draft engine although no LR mode is asked for."""
+    cfg = yaml.safe_load(open(tiny_profile))
+    cfg["options"]["target_spec"] = {"method": "draft_model", "num_speculative_tokens": 3}
+    path = tmp_path / "dm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = _cli("generate", "--config", str(path), "--prompt", "Step 1: 4 + 4", "--json", "--mode", "sd")
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)["metrics"]
+    assert m["target_sd_method"] == "draft_model" and m["generated_tokens"] > 0
+
+
 def test_generate_json_splits_reasoning(tiny_profile, tmp_path):
     """With reasoning_parser deepseek_r1 the chat template opened <think>: an answer without </think> is all
     reasoning and no final answer yet (vLLM's deepseek_r1 parser)."""
