@@ -529,11 +529,23 @@ class _Run:
 
     # -- committing ------------------------------------------------------------------------------------
     def _commit(self, step: Step, depth: int) -> StepEvent:
-        """Append a decided step; set ``self.finish`` when the answer is over."""
+        """Append a decided step; set ``self.finish`` when the answer is over.
+
+        A user stop string may span step breaks (``".\\n\\nTh"``): it is looked for in the committed text's
+        last characters followed by this step, and the step is cut right after the first one that ends in it.
+        """
         text, ids = step.text, step.target_ids
-        user_stop = [s for s in self.opts.stop if s in step.text]
+        keep = max((len(s) for s in self.opts.stop), default=1) - 1
+        tail = self.ctx.text[-keep:] if keep else ""
+        seen = tail + step.text
+        ends = []  # where each stop string's first match that ends inside this step ends, in step.text
+        for s in self.opts.stop:
+            i = seen.find(s, max(0, len(tail) - len(s) + 1))
+            if i >= 0:
+                ends.append(i + len(s) - len(tail))
+        user_stop = bool(ends)
         if user_stop:
-            cut = min(step.text.index(s) + len(s) for s in user_stop)
+            cut = min(ends)
             if cut < len(step.text):
                 text = step.text[:cut]
                 ids = self.reasoner.target.encode(text)

@@ -93,6 +93,31 @@ def test_budget_and_user_stop(trio, delimiter):
     assert free.text.startswith(res.text)
 
 
+@pytest.mark.parametrize("mode", ["ar", "lr"])
+def test_user_stop_spanning_a_step_break(trio, delimiter, mode):
+    """A stop string that starts in one step and ends in the next still ends the answer right after it."""
+    from lookahead_reasoning.steps import split_steps
+
+    target, same, _ = trio
+    r = LookaheadReasoner(target, same, use_chat_template=False)
+    for p in PROMPTS:
+        free = r.run(p, options=_opts(delimiter, mode="ar"))
+        steps = split_steps(free.text, delimiter)
+        for k in range(len(steps) - 1):  # a step break where the last character of one step and the first two
+            b = len("".join(steps[:k + 1]))  # of the next make a string not seen before it
+            stop = free.text[b - 1:b + 2]
+            if len(stop) == 3 and free.text.find(stop) == b - 1:
+                break
+        else:
+            continue
+        break
+    else:
+        pytest.fail("no answer with a usable step break")
+    res = r.run(p, options=_opts(delimiter, mode=mode, stop=(stop,)))
+    assert res.finish_reason == "stop"
+    assert res.text == free.text[:free.text.find(stop) + len(stop)]
+
+
 def test_metrics_are_consistent(trio, delimiter):
     target, same, _ = trio
     r = LookaheadReasoner(target, same, use_chat_template=False)
