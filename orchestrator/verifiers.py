@@ -16,7 +16,7 @@ The semantic verifiers (numeric, embedding, llm) accept normalized matches witho
 from __future__ import annotations
 
 import asyncio
-import random as _random
+import hashlib
 import re
 import time
 from dataclasses import dataclass
@@ -177,18 +177,20 @@ class LLMJudgeVerifier(_Semantic):
 
 
 class RandomVerifier:
-    """Accepts with probability ``p`` from a seeded RNG (ablation only)."""
+    """Accepts with probability ``p`` (ablation only). The coin of a pair is a function of ``seed`` and the pair's
+    token ids (SHA-256), not a draw from a shared generator: a request's verdicts do not depend on what other
+    requests ran before or beside it, and the same request gets the same answer."""
 
     name = "random"
 
     def __init__(self, p: float = 0.5, seed: int = 0) -> None:
-        self.p = p
-        self.rng = _random.Random(seed)
+        self.p, self.seed = p, seed
 
     async def verify(self, pairs):
         out = []
-        for _ in pairs:
-            x = self.rng.random()
+        for t, d in pairs:
+            key = f"{self.seed}|{t.target_ids}|{d.target_ids}".encode()
+            x = int.from_bytes(hashlib.sha256(key).digest()[:8], "little") / 2**64
             out.append(StepVerdict(x < self.p, x, "random"))
         return out
 

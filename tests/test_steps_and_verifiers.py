@@ -109,11 +109,14 @@ def test_numeric_same_numbers_and_result():
     assert numbers("-3.5 and 1,200 and x2") == [-3.5, 1200.0]
 
 
-def test_random_verifier_is_seeded():
-    a = _verify(RandomVerifier(0.5, seed=3), [("a", "b")] * 20)
-    b = _verify(RandomVerifier(0.5, seed=3), [("a", "b")] * 20)
-    assert [x.accept for x in a] == [x.accept for x in b]
-    assert 0 < sum(x.accept for x in a) < 20
+def test_random_verifier_is_seeded_and_has_no_shared_state():
+    pairs = [(f"step {i}", f"other {i}") for i in range(40)]
+    v = RandomVerifier(0.5, seed=3)
+    a = _verify(v, pairs)
+    assert [x.accept for x in _verify(v, pairs)] == [x.accept for x in a]  # the same pairs again: same verdicts
+    assert [x.accept for x in _verify(RandomVerifier(0.5, seed=3), pairs[::-1])] == [x.accept for x in a][::-1]
+    assert 5 < sum(x.accept for x in a) < 35
+    assert [x.accept for x in _verify(RandomVerifier(0.5, seed=4), pairs)] != [x.accept for x in a]
 
 
 def test_llm_verifier_needs_a_judge():
