@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .errors import from_validation
 from .lookahead import LROptions
 from .steps import ReasoningParser
 from .verifiers import VerifierConfig
@@ -96,10 +97,21 @@ def load_profile(name: str | None = None, config: str | Path | None = None) -> P
         ValueError: unknown profile name or an invalid file (the message names the field).
     """
     if config is not None:
-        data = yaml.safe_load(Path(config).read_text())
+        try:
+            data = yaml.safe_load(Path(config).read_text())
+        except OSError as exc:
+            raise ValueError(f"config: {config}: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            raise ValueError(f"config: {config} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"config: {config} does not hold a mapping")
-        return Profile.model_validate(data)
+        try:
+            return Profile.model_validate(data)
+        except ValidationError as exc:
+            err = from_validation(exc)
+            raise ValueError(f"config: {config}: {err.field}: {err.message}") from None
     name = name or "demo"
     if name not in PROFILES:
         raise ValueError(f"profile: unknown profile {name!r} (choose from {', '.join(PROFILES)})")

@@ -100,3 +100,15 @@ def test_serve_limits_must_be_positive(flag, value):
     out = _cli("serve", flag, value)  # rejected while parsing, before any server starts
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and flag in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("text, words", [
+    ("name: x\ntarget: {path: demo/target\n", ["--config", "not valid YAML", "line 3"]),
+    ("name: x\ntarget: {path: demo/target, dtype: float8}\n", ["--config", "target.dtype"]),
+])
+def test_bad_profile_file_gets_one_line_naming_it(tmp_path, text, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    out = _cli("generate", "--config", str(path), "--prompt", "hi")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and all(w in lines[0] for w in words), out.stderr

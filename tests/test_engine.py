@@ -391,3 +391,13 @@ def test_start_requests_without_per_request_results_is_one_call(engines, referen
     assert calls == 1
     assert [r.token_ids for r in done] == [_truncate_at_eos(target, ref) for _, ref in reference]
     assert all(r.finish_reason == "cancelled" for r in stopped)
+
+
+def test_checkpoint_without_tokenizer_is_refused_by_name(tiny_model_dir, tmp_path):
+    """Weights and config but no tokenizer files: a clear error at load, not "empty prompt" on every request."""
+    import shutil
+
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / name, tmp_path / name)
+    with pytest.raises(ValueError, match="model: .* no usable tokenizer"):
+        PortableEngine.from_pretrained(str(tmp_path), num_threads=1)

@@ -49,10 +49,18 @@ class TokenizerAccess:
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
     def _load_tokenizer(self, path: str, model_config=None, generation_config=None) -> None:
-        """Load tokenizer + limits from a checkpoint folder (configs read from it unless given)."""
+        """Load tokenizer + limits from a checkpoint folder (configs read from it unless given).
+
+        Raises:
+            ValueError: naming ``model`` when the folder holds no usable tokenizer (transformers then builds an
+                empty vocabulary, and every prompt would encode to nothing).
+        """
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if len(self.tokenizer) < 2 or not self.tokenizer.encode("a", add_special_tokens=False):
+            raise ValueError(f"model: {path} has no usable tokenizer (tokenizer.json or the files of a "
+                             "slow tokenizer): it encodes text to nothing")
         if model_config is None:
             model_config = AutoConfig.from_pretrained(path)
         if generation_config is None:
