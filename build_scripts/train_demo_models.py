@@ -703,7 +703,8 @@ def real_pairs(target, draft, tok, problems: Sequence[syn.Problem], batch_size: 
         p = problems[i]
         gold = p.steps[j] if j < len(p.steps) else p.answer_line
         tt, dt = strip_special(tok, t_ids).strip(), strip_special(tok, d_ids).strip()
-        res.append({"problem": i, "position": j, "final": j == len(p.steps), "target": tt, "draft": dt,
+        res.append({"problem": i, "position": j, "final": j == len(p.steps), "kind": syn.step_meaning(gold)[0],
+                    "target": tt, "draft": dt,
                     "exact": t_ids == d_ids, "semantic": syn.steps_equivalent(tt, dt),
                     "target_gold": syn.steps_equivalent(tt, gold), "draft_gold": syn.steps_equivalent(dt, gold),
                     "target_exact_gold": tt == gold, "draft_exact_gold": dt == gold})
@@ -802,6 +803,10 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     }
     sa = res["step_agreement"]
     sa["semantic_over_exact"] = sa["semantic"] / max(1e-9, sa["exact"])
+    res["step_agreement_by_kind"] = {
+        k: {"n": len(rows), "exact": mean(rows, "exact"), "semantic": mean(rows, "semantic"),
+            "target_vs_gold_semantic": mean(rows, "target_gold"), "draft_vs_gold_semantic": mean(rows, "draft_gold")}
+        for k in sorted({r["kind"] for r in pairs}) for rows in [[r for r in pairs if r["kind"] == k]]}
 
     # judge: held-out synthetic pairs + held-out real (target step, draft step) pairs
     syn_pairs = syn.generate_step_pairs(400 if quick else 4000, syn.JUDGE_EVAL_SEED, style=style)
@@ -903,6 +908,9 @@ def fmt_table(res: dict) -> str:
         f"{s['draft_vs_gold_exact'] * 100:.1f}% | |",
         f"| Final answer line, draft vs target ({s['n_final_lines']}): exact / semantic | {s['final_exact'] * 100:.1f}% / "
         f"{s['final_semantic'] * 100:.1f}% | |",
+        *(f"| Step kind `{k}` ({v['n']} steps): draft vs target exact / semantic; target = gold; draft = gold | "
+          f"{v['exact'] * 100:.1f}% / {v['semantic'] * 100:.1f}%; {v['target_vs_gold_semantic'] * 100:.1f}%; "
+          f"{v['draft_vs_gold_semantic'] * 100:.1f}% | |" for k, v in res.get("step_agreement_by_kind", {}).items()),
         f"| Judge, held-out synthetic pairs (n={js['n']}): precision / recall / accuracy on aligned | "
         f"{js['precision']:.4f} / {js['recall']:.3f} / {js['accuracy']:.3f} | precision >= 0.99, "
         f"recall >= {'0.90' if long else '0.80'} |",
