@@ -35,7 +35,10 @@ HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the
                          "```python code block.\n\n```python\n{prompt}```")
 DATASET_FILES = {"gsm8k": "gsm8k/test.jsonl", "math500": "math500/test.jsonl", "aime2024": "aime2024/test.jsonl",
                  "humaneval": "humaneval/test.jsonl", "mt_bench": "mt_bench/question.jsonl"}
-DATASETS = ("synthetic",) + tuple(DATASET_FILES)
+#: ``synthetic`` is the style the shipped demo trio was trained on (``synthetic.DEFAULT_STYLE``);
+#: ``synthetic-short`` / ``synthetic-long`` name a style.
+SYNTHETIC = ("synthetic", "synthetic-short", "synthetic-long")
+DATASETS = SYNTHETIC + tuple(DATASET_FILES)
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,12 @@ def load_items(dataset: str, limit: int | None = None) -> list[EvalItem]:
     Raises:
         ValueError: unknown dataset, missing or unreadable file, unknown format (naming it).
     """
-    if dataset == "synthetic":
+    if dataset in SYNTHETIC:
         from .synthetic import DEFAULT_DIFFICULTY, DEFAULT_STYLE, EVAL_SEED, generate_problems
 
-        problems = generate_problems(limit or 200, EVAL_SEED, difficulty=DEFAULT_DIFFICULTY, style=DEFAULT_STYLE)
-        return [EvalItem(f"synthetic-{i}", "synthetic", p.question, None, str(p.answer)) for i, p in enumerate(problems)]
+        style = dataset.partition("-")[2] or DEFAULT_STYLE
+        problems = generate_problems(limit or 200, EVAL_SEED, difficulty=DEFAULT_DIFFICULTY, style=style)
+        return [EvalItem(f"{dataset}-{i}", "synthetic", p.question, None, str(p.answer)) for i, p in enumerate(problems)]
     if dataset in DATASET_FILES:
         path, stem = data_dir() / DATASET_FILES[dataset], dataset
         if not path.exists():

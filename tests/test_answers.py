@@ -172,3 +172,13 @@ def test_only_the_final_answer_is_graded_not_the_reasoning():
     assert check_answer(item, trace + "</think>\n\nAnswer: 12.\n\n#### 12", "deepseek_r1") is True
     assert check_answer(item, "<think>" + trace + "</think>\n\nAnswer: 13.\n\n#### 13", "qwen3") is False
     assert check_answer(item, "Total: 12 dollars.\n\n#### 12", "none") is True
+
+
+def test_synthetic_datasets_by_style():
+    from lookahead_reasoning import synthetic as syn
+
+    for name, style in (("synthetic", syn.DEFAULT_STYLE), ("synthetic-short", "short"), ("synthetic-long", "long")):
+        items = load_items(name, 3)
+        want = syn.generate_problems(3, syn.EVAL_SEED, style=style)
+        assert [i.prompt for i in items] == [p.question for p in want]
+        assert [i.reference for i in items] == [str(p.answer) for p in want] and items[0].kind == "synthetic"
