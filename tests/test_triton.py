@@ -98,6 +98,24 @@ def test_openai_front(openai_front, items):
         client.completions.create(model="demo", prompt="x", max_tokens=8, extra_body={"gamma": -1})
 
 
+def test_openai_front_body_that_is_not_json(openai_front):
+    """The README's curl without a content type, and a body that is not JSON: HTTP 400 in one sentence, not a
+    validation dump naming our source files."""
+    import httpx
+
+    url = f"http://{openai_front}/v1/chat/completions"
+    body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}]})
+    for kwargs in ({"content": body}, {"content": "{not json", "headers": {"Content-Type": "application/json"}},
+                   {"content": "[1, 2]", "headers": {"Content-Type": "application/json"}}):
+        r = httpx.post(url, timeout=30, **kwargs)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"].startswith("body: expected a JSON object") and err["param"] == "body"
+        assert ".py" not in r.text
+    ok = httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert ok.status_code == 200
+
+
 def test_openai_front_splits_reasoning(openai_front, triton_server, items):
     """Chat answers are split by the served profile's reasoning parser, streamed and not, exactly as
     split_reasoning splits the raw text the server generated for the same messages."""

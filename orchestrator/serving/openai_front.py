@@ -93,10 +93,18 @@ def create_app(grpc_url: str, model_name: str | None = None):
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
+        """HTTP 400 naming the body field (``messages[1].content``); a body that is not a JSON object gets one
+        sentence saying so, never pydantic's dump of the error (which names our source files)."""
+        from ..errors import field_path
+
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body" and not str(x).isdigit()]
-        param = ".".join(loc) or None
-        return error(400, f"{param}: {first.get('msg', 'invalid request')}" if param else str(exc), param)
+        loc = tuple(x for x in first.get("loc", ()) if x != "body")
+        param = field_path(loc) or None
+        if param is None or first.get("type") in ("json_invalid", "model_attributes_type", "dict_type"):
+            ctype = request.headers.get("content-type", "")
+            hint = "" if "json" in ctype else " (send the header Content-Type: application/json)"
+            return error(400, f"body: expected a JSON object{hint}", "body")
+        return error(400, f"{param}: {first.get('msg', 'invalid request')}", param)
 
     @app.get("/v1/models")
     async def models():
