@@ -168,7 +168,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lookahead-reasoning", description=__doc__)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("lookahead-reasoning")
+    except PackageNotFoundError:  # a checkout that was not installed
+        ver = "unknown (not installed)"
+    parser = _Parser(prog="lookahead-reasoning", description=(
+        "Lookahead Reasoning: a small draft model proposes whole reasoning steps, the target verifies several in "
+        "one batched call and a judge keeps those that mean the same; token-level speculative decoding runs "
+        "inside every step. Commands: generate (one prompt in-process), eval (accuracy and speed per mode), "
+        "serve (Triton), client, bench (latency under load), build (TensorRT-LLM engines)."))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {ver}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="answer one prompt in-process")

@@ -112,3 +112,12 @@ def test_bad_profile_file_gets_one_line_naming_it(tmp_path, text, words):
     out = _cli("generate", "--config", str(path), "--prompt", "hi")
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and all(w in lines[0] for w in words), out.stderr
+
+
+def test_version_and_help():
+    from importlib.metadata import version
+
+    out = _cli("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"lookahead-reasoning {version('lookahead-reasoning')}"
+    help_text = _cli("--help").stdout
+    assert "Lookahead Reasoning" in help_text and "argument parsing only" not in help_text
