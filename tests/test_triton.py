@@ -98,6 +98,26 @@ def test_openai_front(openai_front, items):
         client.completions.create(model="demo", prompt="x", max_tokens=8, extra_body={"gamma": -1})
 
 
+def test_openai_front_leaves_the_stop_string_out(openai_front, items):
+    """As OpenAI and vLLM: the matched stop string is not in the text (vLLM's include_stop_str_in_output keeps
+    it), streamed or not."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://{openai_front}/v1", api_key="unused")
+    prompt, ar = items[0].prompt, {"mode": "ar"}  # ar: the same text with and without the stop (lr's judge may differ)
+    free = client.completions.create(model="demo", prompt=prompt, max_tokens=60, extra_body=ar).choices[0].text
+    stop = free[25:30]
+    cut = free.find(stop)
+    done = client.completions.create(model="demo", prompt=prompt, max_tokens=60, stop=[stop], extra_body=ar).choices[0]
+    assert done.text == free[:cut] and done.finish_reason == "stop"
+    kept = client.completions.create(model="demo", prompt=prompt, max_tokens=60, stop=[stop],
+                                     extra_body={**ar, "include_stop_str_in_output": True}).choices[0]
+    assert kept.text == free[:cut + len(stop)]
+    pieces = client.completions.create(model="demo", prompt=prompt, max_tokens=60, stop=[stop], stream=True,
+                                       extra_body=ar)
+    assert "".join(c.choices[0].text for c in pieces) == free[:cut]
+
+
 def test_openai_front_body_that_is_not_json(openai_front):
     """The README's curl without a content type, and a body that is not JSON: HTTP 400 in one sentence, not a
     validation dump naming our source files."""

@@ -5,6 +5,8 @@ Endpoints as vLLM / trtllm-serve users expect: ``GET /v1/models``, ``POST /v1/co
 chunk per decided reasoning step). Request fields follow the OpenAI API (``prompt`` / ``messages``,
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``) plus the extensions ``top_k``,
 ``mode``, ``gamma`` and ``judge``. Bad input answers HTTP 400 with ``{"error": {"message", "type", "param"}}``.
+As in OpenAI's API and vLLM, the matched stop string is left out of the text (vLLM's
+``include_stop_str_in_output: true`` keeps it); Triton's own endpoints return the text with it.
 
 Reasoning: with the profile's ``reasoning_parser`` (``deepseek_r1`` or ``qwen3``, vLLM's names) a chat answer
 is split as vLLM's reasoning parsers do: the trace goes to ``message.reasoning_content`` (and ``reasoning``, its
@@ -32,6 +34,7 @@ class _Body(BaseModel):
 
     model: str | None = None
     max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
+    include_stop_str_in_output: bool = False  # vLLM's extension: keep the matched stop string in the text
 
     def params(self) -> dict[str, Any]:
         """The request's option fields set in this body, by Triton input name (the server validates them; the
@@ -53,6 +56,34 @@ class CompletionRequest(_Common):
 
 class ChatRequest(_Common):
     messages: list[dict]  # checked by the server (one definition: lookahead_reasoning.request.Message)
+
+
+class StopTrimmer:
+    """Leaves the matched user stop string out of the output, as OpenAI and vLLM return it (vLLM's
+    ``include_stop_str_in_output`` keeps it). The server's text ends right after the first stop string, so only
+    text at the end can be one: while streaming, the longest tail that is (the start of) a stop string is held
+    back until the next piece or the end of the answer decides it."""
+
+    def __init__(self, stops) -> None:
+        self.stops = [s for s in (stops or []) if s]
+        self.held = ""
+
+    def feed(self, text: str) -> str:
+        """The part of ``text`` (after what was held) that can be sent now."""
+        text = self.held + text
+        keep = max([k for s in self.stops for k in range(min(len(s), len(text)), 0, -1)
+                    if text.endswith(s[:k])] + [0])
+        self.held = text[len(text) - keep:]
+        return text[:len(text) - keep]
+
+    def finish(self, stopped: bool) -> str:
+        """What was held, without the stop string when the answer ended on one (``stopped``)."""
+        held, self.held = self.held, ""
+        if stopped:
+            for s in sorted(self.stops, key=len, reverse=True):
+                if held.endswith(s):
+                    return held[:-len(s)]
+        return held
 
 
 def _finish(reason: str | None) -> str:
@@ -129,15 +160,19 @@ def create_app(grpc_url: str, model_name: str | None = None):
             usage = {"prompt_tokens": m.get("prompt_tokens", 0), "completion_tokens": m.get("generated_tokens", 0),
                      "total_tokens": m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)}
             finish = _finish(m.get("finish_reason"))
+            text = ans.text
+            if not body.include_stop_str_in_output:
+                trim = StopTrimmer(params.get("stop"))
+                text = trim.feed(text) + trim.finish(m.get("finish_reason") == "stop")
             if kind == "chat":
-                reasoning, content = split_reasoning(ans.text, (await server_facts())["reasoning_parser"])
+                reasoning, content = split_reasoning(text, (await server_facts())["reasoning_parser"])
                 message = {"role": "assistant", "content": content}
                 if reasoning is not None:  # vLLM's field names (``reasoning`` in vLLM >= 0.11)
                     message["reasoning_content"] = message["reasoning"] = reasoning
                 choice = {"index": 0, "message": message, "finish_reason": finish}
                 obj = "chat.completion"
             else:
-                choice = {"index": 0, "text": ans.text, "finish_reason": finish, "logprobs": None}
+                choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
                 obj = "text_completion"
             return {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
                     "usage": usage, "lookahead_metrics": m}
@@ -151,6 +186,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
             return bad_request(exc)
 
         splitter = ReasoningStream((await server_facts())["reasoning_parser"]) if kind == "chat" else None
+        trim = StopTrimmer([] if body.include_stop_str_in_output else params.get("stop"))
 
         def chunk(text: str | None, finish: str | None, first_chunk: bool = False, reasoning: str = "") -> str:
             if kind == "chat":
@@ -181,13 +217,17 @@ def create_app(grpc_url: str, model_name: str | None = None):
                         except StopAsyncIteration:
                             break
                     if c.metrics is not None:
+                        rest = trim.finish(c.metrics.get("finish_reason") == "stop")
+                        reasoning, text = splitter.feed(rest) if splitter is not None else ("", rest)
                         if splitter is not None:
-                            reasoning, text = splitter.flush()
-                            if reasoning or text:
-                                yield chunk(text, None, first_chunk, reasoning)
+                            r2, t2 = splitter.flush()
+                            reasoning, text = reasoning + r2, text + t2
+                        if reasoning or text:
+                            yield chunk(text, None, first_chunk, reasoning)
                         yield chunk(None if kind == "chat" else "", _finish(c.metrics.get("finish_reason")))
                         break
-                    reasoning, text = splitter.feed(c.text) if splitter is not None else ("", c.text)
+                    piece = trim.feed(c.text)
+                    reasoning, text = splitter.feed(piece) if splitter is not None else ("", piece)
                     if reasoning or text or first_chunk:
                         yield chunk(text, None, first_chunk, reasoning)
                         first_chunk = False
