@@ -16,7 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # Flags that are not request fields (those are named by lookahead_reasoning.request), for one-line errors.
-_OTHER_FLAGS = {"profile": "--profile", "config": "--config", "dataset": "--dataset", "modes": "--modes"}
+_OTHER_FLAGS = {"profile": "--profile", "config": "--config", "dataset": "--dataset", "modes": "--modes",
+                "http_port": "--http-port", "grpc_port": "--grpc-port", "metrics_port": "--metrics-port"}
 
 
 def format_error(exc: Exception) -> str:
@@ -102,8 +103,11 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .serving.server import ServerConfig, TritonServer, prepare_repository, serve_forever
+    from .serving.server import ServerConfig, TritonServer, check_ports_free, prepare_repository, serve_forever
 
+    # before anything is written: a busy port ends here, naming its option
+    check_ports_free(args.host, {"http_port": args.http_port, "grpc_port": args.grpc_port,
+                                 "metrics_port": args.metrics_port})
     limits = {"max_tokens_limit": str(args.max_tokens_limit), "max_prompt_bytes": str(args.max_prompt_bytes),
               "max_concurrency": str(args.max_concurrency), "bls_threads": str(args.bls_threads),
               "call_timeout_s": str(args.call_timeout_s or 0),

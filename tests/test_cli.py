@@ -121,3 +121,27 @@ def test_version_and_help():
     assert out.returncode == 0 and out.stdout.strip() == f"lookahead-reasoning {version('lookahead-reasoning')}"
     help_text = _cli("--help").stdout
     assert "Lookahead Reasoning" in help_text and "argument parsing only" not in help_text
+
+
+def test_serve_on_a_busy_port_says_so_and_leaves_nothing(tmp_path):
+    """Another process listens on the HTTP port: one line naming --http-port, no server started (and so no
+    "ready" answered by the other process), and no temporary model repository written."""
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    from lookahead_reasoning.serving.server import free_port
+
+    repos = set(Path(tempfile.gettempdir()).glob("lr-triton-*"))
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "lookahead_reasoning.cli", "serve", "--http-port", str(port),
+                              "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+                             capture_output=True, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and "--http-port" in lines[-1] and "in use" in lines[-1], out.stderr
+    assert "ready" not in out.stdout.lower()
+    assert set(Path(tempfile.gettempdir()).glob("lr-triton-*")) == repos

@@ -31,6 +31,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def check_ports_free(host: str, ports: dict[str, int]) -> None:
+    """Raise ``ValueError`` naming the option (``http_port``, ...) whose port another process already listens
+    on: the new server could not bind it, and a health check would be answered by the other one."""
+    for name, port in ports.items():
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                raise ValueError(f"{name}: {host}:{port} is already in use ({exc.strerror})") from None
+
+
 def triton_install() -> tuple[Path, Path]:
     """``(tritonserver binary, backends directory)`` from the installed ``nvidia-pytriton`` wheel.
 
@@ -111,6 +123,13 @@ class TritonServer:
         return cmd + list(c.extra_args)
 
     def start(self) -> "TritonServer":
+        """Start the process and wait until it is ready.
+
+        Raises:
+            ValueError: a port is already in use (named). RuntimeError: see the class.
+        """
+        c = self.config
+        check_ports_free(c.host, {"http_port": c.http_port, "grpc_port": c.grpc_port, "metrics_port": c.metrics_port})
         env = dict(os.environ)
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         env.setdefault("HF_HUB_OFFLINE", "1")
