@@ -26,6 +26,7 @@ def add_eval_arguments(e: argparse.ArgumentParser) -> None:
                    help="lookahead depth; a comma-separated list (e.g. 1,2,4,6,8) also sweeps it for the speculative "
                         "modes (the main table then uses the profile's gamma)")
     e.add_argument("--plots", default=None, help="write PNG plots (acceptance by depth, speedup vs gamma) here")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
 
 
 def parse_gammas(text: str | None) -> list[int]:
@@ -155,7 +156,7 @@ def cmd_eval(args) -> int:
                                       ns=tuple(range(2, max(gammas + [base.gamma]) + 2)))
             reasoner.cost_model = cost
         total = sum(len(v) for v in items.values()) * len(runs)
-        with tqdm(total=total, desc="eval", unit="req", file=sys.stderr) as bar:
+        with tqdm(total=total, desc="eval", unit="req", file=sys.stderr, disable=args.no_progress) as bar:
             for name, (its, spare) in loaded.items():
                 reports = run_interleaved(reasoner, its, runs, progress=bar.update, keep_outputs=args.keep_outputs,
                                           warmup=WARMUP_REQUESTS, warmup_item=spare)
