@@ -118,6 +118,23 @@ def test_openai_front_leaves_the_stop_string_out(openai_front, items):
     assert "".join(c.choices[0].text for c in pieces) == free[:cut]
 
 
+@pytest.mark.parametrize("extra, status, param", [
+    ({"model": "nope"}, 404, "model"),
+    ({"n": 2}, 400, "n"),
+    ({"logprobs": True}, 400, "logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+])
+def test_openai_front_refuses_what_it_does_not_do(openai_front, extra, status, param):
+    """An unknown model or a parameter this server does not implement is refused by name, not ignored."""
+    import httpx
+
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    r = httpx.post(f"http://{openai_front}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+    assert r.json()["error"]["message"].startswith(param)
+
+
 def test_openai_front_body_that_is_not_json(openai_front):
     """The README's curl without a content type, and a body that is not JSON: HTTP 400 in one sentence, not a
     validation dump naming our source files."""

@@ -35,6 +35,25 @@ class _Body(BaseModel):
     model: str | None = None
     max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
     include_stop_str_in_output: bool = False  # vLLM's extension: keep the matched stop string in the text
+    # OpenAI parameters this server does not implement: refused by name rather than ignored
+    n: int | None = None
+    best_of: int | None = None
+    logprobs: Any = None
+    top_logprobs: int | None = None
+    echo: bool | None = None
+    tools: list | None = None
+    response_format: dict | None = None
+
+    def unsupported(self) -> str | None:
+        """The first OpenAI parameter set to something this server does not do, as ``"name: why"``."""
+        if self.n not in (None, 1) or self.best_of not in (None, 1):
+            return f"{'n' if self.n not in (None, 1) else 'best_of'}: only one choice per request is supported"
+        for name in ("logprobs", "top_logprobs", "echo", "tools"):
+            if getattr(self, name) not in (None, False, [], 0):
+                return f"{name}: not supported by this server"
+        if self.response_format not in (None, {"type": "text"}):
+            return "response_format: only text is supported"
+        return None
 
     def params(self) -> dict[str, Any]:
         """The request's option fields set in this body, by Triton input name (the server validates them; the
@@ -150,6 +169,13 @@ def create_app(grpc_url: str, model_name: str | None = None):
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         name = await served_model()
+        if body.model is not None and body.model != name:
+            return JSONResponse(status_code=404, content={"error": {
+                "message": f"model: {body.model!r} does not exist (this server serves {name!r})",
+                "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
+        refused = body.unsupported()
+        if refused:
+            return error(400, refused, refused.split(":")[0])
         params = body.params()
         if not body.stream:
             try:
