@@ -2,8 +2,8 @@
 """Train the demo draft / target / judge trio on the synthetic reasoning task and evaluate it.
 
 Reproduces ``engines/demo/{target,draft,judge}`` from a seed: a byte-level BPE tokenizer (shared by the
-three models), a Qwen3 target (~2.5M parameters, 12 layers), a Qwen3 draft (2 layers, <= 1/10 of the
-target's parameters) and a Qwen3 judge (4 layers) that answers ``[aligned]`` / ``[unaligned]`` after the
+three models), a deep, narrow Qwen3 target (~2.5M parameters, 22 layers x 96), a Qwen3 draft (2 layers,
+~1/8 of the target's parameters) and a Qwen3 judge (6 layers, initialised from the target) that answers ``[aligned]`` / ``[unaligned]`` after the
 fixed judge prompt (``lookahead_reasoning.judge_prompt``). Models train in fp32 (bf16 autocast only if a
 start-up micro-benchmark shows it is faster on this machine), are saved as fp16 safetensors whose config
 says ``dtype: float32`` (so a plain ``from_pretrained`` computes in fp32), and are evaluated from the
@@ -11,16 +11,17 @@ saved files. Results go to ``<out>/eval.json`` and the model card ``<out>/README
 
 Usage::
 
-    nice -n 10 python build_scripts/train_demo_models.py --out engines/demo            # full run (<= 90 min CPU)
+    nice -n 10 python build_scripts/train_demo_models.py --out engines/demo            # full run (<= 100 min CPU)
     python build_scripts/train_demo_models.py --out /tmp/demo --quick                  # smoke run (~1 min)
     python build_scripts/train_demo_models.py --out engines/demo --eval-only           # re-evaluate
 
 Budgets: every model trains until its step budget OR its time budget is used up, whichever comes first;
 the learning-rate schedule follows ``progress = max(step / steps, elapsed / time budget)``, so a run
 bounded by steps (a fast machine) is deterministic per seed, and one bounded by time (a slow one) still
-finishes its schedule in time. The default time budgets (target 52, draft 5, judge 28 minutes) keep a whole
-run within 90 minutes on any 2-core machine; on the AVX-512 machine of the model card the step budgets
-(4500 / 1850 / 7000) bind first, so that run is the one the committed checkpoints come from.
+finishes its schedule in time. The default time budgets (target 64, draft 8, judge 18 minutes, plus data and
+saving) keep a whole run within 100 minutes on a 2-core machine; on such a machine the time budgets bind.
+Batches are 16 sequences (the judge's 32): in a 12-minute pilot, batch 16 reached a training loss of 0.89
+where batch 32 was at 2.09 at the same wall time (RESULTS.md, issue 19).
 """
 
 from __future__ import annotations
@@ -102,11 +103,12 @@ class ModelSpec:
     head_dim: int = 32
 
 
-# Deep and narrow target, one-layer draft: on a CPU a decoding step of models this small costs a fixed
+# Deep and narrow target, two-layer draft: on a CPU a decoding step of models this small costs a fixed
 # ~0.33 ms plus ~0.22 ms per layer whatever the width (engine-measured, 500-token context), so depth sets
-# the draft/target cost ratio c: 22 layers vs 1 gives c ~ 0.11 (RESULTS.md, issue 19).
+# the draft/target cost ratio c. A one-layer draft (c ~0.13) cannot copy a sentence of the question (copying
+# needs an induction head, two layers); the pilot's one-layer draft restated givens right 14% of the time.
 TARGET_SPEC = ModelSpec(96, 22, 3, 1, 288)
-DRAFT_SPEC = ModelSpec(96, 1, 3, 1, 384)
+DRAFT_SPEC = ModelSpec(96, 2, 3, 1, 384)
 JUDGE_SPEC = ModelSpec(96, 6, 3, 1, 288)
 
 
@@ -1011,8 +1013,9 @@ magnitudes (running values <= 60, 100, 500, 2000, 9999)."""
 Why these shapes: on a CPU, one decoding step of models this small costs a fixed ~0.33 ms (the engine and the
 framework) plus ~0.22 ms per layer, almost whatever the width (measured through the portable engine with a
 500-token context). The draft/target cost ratio `c` is therefore set by depth: a deep, narrow target and a
-one-layer draft give `c` near 0.11, the ratio of a 1.7B draft to a 32B target on a GPU, at about the target's
-old training cost. A wider one-layer draft costs the same per step and has more room to learn arithmetic.
+shallow draft. The draft has two layers, not one: restating a given copies a sentence of the question, which
+takes an induction head (two layers); a one-layer draft got those steps right 14% of the time in the pilot
+(`c` 0.13 then; a second layer adds ~0.2 ms per token).
 """ if long else "")
     text = f"""# Demo models: draft / target / judge for the synthetic reasoning task
 
@@ -1116,8 +1119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--style", choices=syn.STYLES, default="long",
                     help="task style: long reasoning traces in <think> (the demo trio v2) or one computation per step (v1)")
     ap.add_argument("--target-steps", type=int, default=100000)
-    ap.add_argument("--target-minutes", type=float, default=50.0)
-    ap.add_argument("--target-lr", type=float, default=3e-3)
+    ap.add_argument("--target-minutes", type=float, default=64.0)
+    ap.add_argument("--target-lr", type=float, default=2e-3)
     ap.add_argument("--target-init", type=Path, default=None,
                     help="start the target from this checkpoint folder (continue training) instead of from scratch")
     ap.add_argument("--target-data-offset", type=int, default=0,
@@ -1126,14 +1129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draft-minutes", type=float, default=8.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--judge-steps", type=int, default=100000)
-    ap.add_argument("--judge-minutes", type=float, default=20.0)
+    ap.add_argument("--judge-minutes", type=float, default=18.0)
     ap.add_argument("--judge-lr", type=float, default=1.5e-3)
     ap.add_argument("--judge-neg-weight", type=float, default=10.0, help="loss weight of 'unaligned' verdicts")
     ap.add_argument("--judge-init", default="target",
                     help="'target' (the trained target's embeddings and first layers), 'scratch', or a judge "
                          "checkpoint folder to continue (its data order then differs from the first stage's)")
     ap.add_argument("--judge-real-problems", type=int, default=300, help="training problems whose real draft/target steps the judge sees")
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--dev-every-steps", type=int, default=0, help="dev evaluation every N steps (0: every 5 min)")
     ap.add_argument("--only", choices=["tokenizer", "target", "draft", "judge"], nargs="*",
                     help="train only these parts (others are loaded from --out)")

@@ -79,7 +79,7 @@ DEFAULT_DIFFICULTY = 2
 #: Solution styles: one computation per step, or a long reasoning trace (see :class:`Problem`).
 STYLES = ("short", "long")
 #: The style the shipped demo models (``engines/demo``) were trained on; ``eval --dataset synthetic`` uses it.
-DEFAULT_STYLE = "short"
+DEFAULT_STYLE = "long"
 
 OPS = ("+", "-", "x", "/")
 COMMUTATIVE = frozenset({"+", "x"})
