@@ -12,8 +12,15 @@ Definitions (vLLM ``benchmarks/benchmark_serving.py``, ``calculate_metrics``; ge
   / duration; requests/s = completed requests / duration.
 - Goodput (requests/s, vLLM ``--goodput``; DistServe, Zhong et al. 2024) = completed requests meeting ALL
   the given SLOs (``value <= slo``, for TTFT, TPOT, E2E) / duration; None when no SLO is given.
-- Percentiles p50/p90/p99: ``numpy.percentile`` with its default linear interpolation (as vLLM); None for
-  an empty sample.
+- Statistics of every distribution: mean, std (population, ``numpy.std``), min, max and percentiles p50/p90/p95/p99
+  (``numpy.percentile``, linear interpolation, as vLLM); None for an empty sample.
+- ISL / OSL: input (prompt) and output tokens per completed request, as the server counts them (target
+  tokenizer; the OpenAI endpoints' ``usage``). Total token throughput = (input + output tokens) / duration.
+
+Endpoints (``--endpoint``): ``triton-grpc`` / ``triton-http`` (this project's server, streamed steps with their
+token counts), ``openai-chat`` / ``openai-completions`` (any OpenAI-compatible server: our front, vLLM,
+trtllm-serve; streamed with ``stream_options.include_usage``, the output tokens taken from the usage, and
+``mode`` sent as an extension field, which other servers ignore).
 
 Load: ``concurrency`` = that many workers pulling requests from a queue (closed loop); ``request_rate`` =
 Poisson arrivals (open loop, unbounded in flight): exponential gaps with mean ``1 / rate`` from a seeded
@@ -38,7 +45,8 @@ import numpy as np
 
 from .answers import EvalItem
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 95, 99)
+ENDPOINTS = ("triton-grpc", "triton-http", "openai-chat", "openai-completions")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 _SLO_ALIASES = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2el_ms": "e2e_ms", "e2e": "e2e_ms"}
 
@@ -65,7 +73,15 @@ class RequestTimeline:
 
     @property
     def output_tokens(self) -> int:
-        return int(sum(self.chunk_tokens))
+        """Tokens of the streamed chunks, or the server's count where chunks carry none (OpenAI endpoints)."""
+        counted = int(sum(self.chunk_tokens))
+        return counted or int((self.server_metrics or {}).get("generated_tokens") or 0)
+
+    @property
+    def input_tokens(self) -> int | None:
+        """Prompt tokens as the server counted them (None if it did not say)."""
+        n = (self.server_metrics or {}).get("prompt_tokens")
+        return None if n is None else int(n)
 
     @property
     def ttft_s(self) -> float | None:
@@ -92,12 +108,20 @@ class RequestTimeline:
         return self.ok and self.end_s is not None and bool(self.chunk_s)
 
 
+def distribution(values: Sequence[float], scale: float = 1.0, ps: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
+    """``{"mean", "std", "min", "max", "p50", ...}`` of ``values * scale`` (``numpy``; population std,
+    linear-interpolation percentiles); every entry None for an empty sample."""
+    keys = ["mean", "std", "min", "max"] + [f"p{p}" for p in ps]
+    if len(values) == 0:
+        return dict.fromkeys(keys)
+    arr = np.asarray(values, dtype=float) * scale
+    return {"mean": float(arr.mean()), "std": float(arr.std()), "min": float(arr.min()), "max": float(arr.max()),
+            **{f"p{p}": float(np.percentile(arr, p)) for p in ps}}
+
+
 def percentiles_ms(values_s: Sequence[float], ps: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
-    """``{"p50": ms, ...}`` of values in seconds (``numpy.percentile``, linear interpolation) plus ``mean``."""
-    if len(values_s) == 0:
-        return {**{f"p{p}": None for p in ps}, "mean": None}
-    arr = np.asarray(values_s, dtype=float) * 1e3
-    return {**{f"p{p}": float(np.percentile(arr, p)) for p in ps}, "mean": float(arr.mean())}
+    """:func:`distribution` of values in seconds, in milliseconds."""
+    return distribution(values_s, 1e3, ps)
 
 
 def meets_slo(t: RequestTimeline, slo_ms: dict[str, float]) -> bool:
@@ -118,16 +142,21 @@ def summarize(timelines: Sequence[RequestTimeline], slo_ms: dict[str, float] | N
     dur = duration_s(timelines)
     per_s = (lambda x: x / dur) if dur > 0 else (lambda x: 0.0)
     tokens = sum(t.output_tokens for t in done)
+    isl = [t.input_tokens for t in done if t.input_tokens is not None]
     out = {
         "completed": len(done),
         "failed": len(timelines) - len(done),
         "duration_s": dur,
         "output_tokens": tokens,
+        "input_tokens": sum(isl),
+        "isl": distribution(isl),
+        "osl": distribution([t.output_tokens for t in done]),
         "ttft_ms": percentiles_ms([t.ttft_s for t in done]),
         "itl_ms": percentiles_ms([g for t in done for g in t.itl_s]),
         "tpot_ms": percentiles_ms([t.tpot_s for t in done if t.tpot_s is not None]),
         "e2e_ms": percentiles_ms([t.e2e_s for t in done]),
         "output_tokens_per_s": per_s(tokens),
+        "total_tokens_per_s": per_s(tokens + sum(isl)),
         "requests_per_s": per_s(len(done)),
         "goodput_rps": per_s(sum(meets_slo(t, slo_ms) for t in done)) if slo_ms else None,
     }
@@ -136,6 +165,7 @@ def summarize(timelines: Sequence[RequestTimeline], slo_ms: dict[str, float] | N
         out["acceptance_rate"] = sum(m.get("accepted_steps", 0) for m in acc) / sum(m["verified_steps"] for m in acc)
     out["samples_ms"] = {  # per completed request, in request order (for CDF plots)
         "ttft": [round(t.ttft_s * 1e3, 3) for t in done],
+        "itl": [round(g * 1e3, 3) for t in done for g in t.itl_s],
         "tpot": [None if t.tpot_s is None else round(t.tpot_s * 1e3, 3) for t in done],
         "e2e": [round(t.e2e_s * 1e3, 3) for t in done],
     }
@@ -326,8 +356,13 @@ async def run_bench(send: SendFn, items: Sequence[EvalItem], config: BenchConfig
 def register(subparsers) -> None:
     """Add the ``bench`` subcommand to the CLI's subparsers."""
     b = subparsers.add_parser("bench", help="latency-SLA benchmark against a running server")
-    b.add_argument("--url", required=True, help="server address HOST:PORT")
-    b.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    b.add_argument("--url", required=True,
+                   help="server address: HOST:PORT (Triton's gRPC or HTTP port), or the OpenAI base URL "
+                        "(http://HOST:PORT/v1; HOST:PORT is enough) for the openai-* endpoints")
+    b.add_argument("--endpoint", choices=ENDPOINTS, default="triton-grpc",
+                   help="what to talk to: this server's Triton model, or any OpenAI-compatible server's chat or "
+                        "completions endpoint (our --openai-port front, vLLM, trtllm-serve)")
+    b.add_argument("--model", default=None, help="model name for the openai-* endpoints (default: the server's first)")
     b.add_argument("--dataset", default="synthetic", help="synthetic, a dataset name, or a JSONL file")
     load = b.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", help="closed loop: comma-separated in-flight levels, e.g. 1,4,16")
@@ -341,7 +376,9 @@ def register(subparsers) -> None:
     b.add_argument("--out", required=True, help="JSON report")
     b.add_argument("--plots", default=None, help="PNG folder (default: next to --out)")
     b.add_argument("--summary", default=None, help="markdown summary (default: --out with .md)")
-    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--no-progress", action="store_true", help="no progress bars (logs without \\r)")
+    b.add_argument("--export-genai-perf", default=None,
+                   help="folder for one genai-perf-style JSON per run (default: next to --out, <stem>_genai_perf)")
     b.set_defaults(func=cmd_bench)
 
 
@@ -375,35 +412,90 @@ def client_send(client, **params) -> SendFn:
     return send
 
 
+def openai_send(client, model: str, chat: bool, **params) -> SendFn:
+    """A :data:`SendFn` over an ``openai.AsyncOpenAI`` client: streamed chat or completions with
+    ``stream_options.include_usage``; each content delta is a chunk (its tokens are not known, so 0), and the last
+    response carries the usage as ``{"prompt_tokens", "generated_tokens"}``. ``mode`` goes in the body as an
+    extension (servers other than ours ignore it)."""
+
+    async def send(item: EvalItem, mode: str):
+        prompt, messages = item.request(chat=chat)
+        if chat and messages is None:  # a plain item: one user message (as the Triton endpoints send it)
+            messages = [{"role": "user", "content": prompt}]
+        common = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                  "extra_body": {"mode": mode}, **params}
+        if chat:
+            stream = await client.chat.completions.create(messages=messages, **common)
+        else:
+            stream = await client.completions.create(prompt=prompt, **common)
+        async for chunk in stream:
+            if chunk.usage is not None:
+                yield "", 0, {"prompt_tokens": chunk.usage.prompt_tokens,
+                              "generated_tokens": chunk.usage.completion_tokens}
+            for c in chunk.choices:
+                if chat:
+                    d = c.delta.model_dump()
+                    text = (d.get("content") or "") + (d.get("reasoning_content") or "")
+                else:
+                    text = c.text or ""
+                yield text, 0
+
+    return send
+
+
+def openai_base_url(url: str) -> str:
+    """``HOST:PORT`` or ``http://HOST:PORT[/v1]`` -> ``http://HOST:PORT/v1``."""
+    url = url if "://" in url else f"http://{url}"
+    return url.rstrip("/") if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
+
+
 async def _bench_with_client(args, config: BenchConfig, items: list[EvalItem],
                              warmup_item: EvalItem | None = None) -> dict:
-    from lookahead_reasoning.serving.client import TritonLRClient
-
-    client = TritonLRClient(args.url, args.protocol)
-    profile = await client.server_profile()
     params = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-    doc = await run_bench(client_send(client, **params), items, config, progress=not args.no_progress,
-                          warmup_item=warmup_item)
-    return {"server_profile": profile, **doc}
+    endpoint = getattr(args, "endpoint", "triton-grpc")
+    if endpoint.startswith("triton"):
+        from lookahead_reasoning.serving.client import TritonLRClient
+
+        client = TritonLRClient(args.url, endpoint.split("-")[1])
+        profile = await client.server_profile()
+        send = client_send(client, **params)
+    else:
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=openai_base_url(args.url), api_key="unused", max_retries=0)
+        model = args.model or (await client.models.list()).data[0].id
+        profile = {"endpoint": endpoint, "base_url": openai_base_url(args.url), "model": model}
+        send = openai_send(client, model, endpoint == "openai-chat", **params)
+    doc = await run_bench(send, items, config, progress=not args.no_progress, warmup_item=warmup_item)
+    return {"server_profile": profile, "endpoint": endpoint, **doc}
 
 
 def cmd_bench(args) -> int:
     """The ``bench`` handler: validate, run against the server, write JSON, plots and the summary."""
     from pathlib import Path
 
-    from .bench_report import environment, plot_bench, write_summary
+    from .bench_report import environment, export_genai_perf, plot_bench, write_summary
     from .evaluation import load_with_spare, write_json
 
     config = config_from_args(args)
     items, spare = load_with_spare(args.dataset, config.requests)  # the spare item (if any) is the warm-up's
-    doc = asyncio.run(_bench_with_client(args, config, items, spare))
+    from .serving.client import ServerError, transport_error
+
+    try:
+        doc = asyncio.run(_bench_with_client(args, config, items, spare))
+    except (ValueError, ServerError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - transport errors: one line naming the URL, non-zero exit
+        raise ValueError(transport_error(exc, args.url)) from None
     doc.update({"dataset": args.dataset, **environment()})
     write_json(args.out, doc)
     out = Path(args.out)
     plots = plot_bench(doc, Path(args.plots) if args.plots else out.parent / f"{out.stem}_plots")
+    export_genai_perf(doc, Path(args.export_genai_perf) if getattr(args, "export_genai_perf", None)
+                      else out.parent / f"{out.stem}_genai_perf")
     summary = Path(args.summary) if args.summary else out.with_suffix(".md")
     write_summary(doc, summary, plots)
-    print(summary.read_text(), file=sys.stderr)
+    print(summary.read_text())  # the tables are the command's output (stdout); progress and warnings go to stderr
     if doc["measurement"].get("warning"):
         print(f"warning: {doc['measurement']['warning']}", file=sys.stderr)
     return 0

@@ -6,11 +6,13 @@ import argparse
 import json
 import os
 import sys
+from typing import get_args
 
 from .bench import register as register_bench
 from .engine_build import register as register_build
 from .eval_cli import EVAL_SKIP, add_eval_arguments, cmd_eval
 from .request import add_request_flags, request_values
+from .steps import ReasoningParser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -50,7 +52,7 @@ def cmd_generate(args) -> int:
             reasoner.cost_model = calibrate_reasoner(reasoner, args.prompt, messages,
                                                      ns=tuple(range(2, opts.gamma + 2)))
         if args.json:
-            res = reasoner.run(args.prompt, messages, opts)
+            res = reasoner.run(args.prompt, messages, opts, checked=True)  # parse_request checked the input
         else:
             res = _stream_to_stdout(reasoner, args.prompt, messages, opts)
     finally:
@@ -80,7 +82,7 @@ def _stream_to_stdout(reasoner, prompt, messages, opts):
 
     async def go():
         result = None
-        async for ev in reasoner.stream(prompt, messages, opts):
+        async for ev in reasoner.stream(prompt, messages, opts, checked=True):
             if isinstance(ev, LRResult):
                 result = ev
             else:
@@ -113,11 +115,23 @@ def cmd_serve(args) -> int:
               "call_timeout_s": str(args.call_timeout_s or 0),
               "judge_timeout_s": str(args.judge_timeout_s or 0), "draft_timeout_s": str(args.draft_timeout_s or 0),
               "target_timeout_s": str(args.target_timeout_s or 0)}
-    repo = prepare_repository(args.profile, args.config, args.model_repository, limits)
+    import shutil
+
+    from .serving.server import remove_stale_repositories
+
+    remove_stale_repositories()  # of a serve killed before it could clean up
+    repo = prepare_repository(args.profile, args.config, args.model_repository, limits,
+                              reasoning_parser=args.reasoning_parser)
     config = ServerConfig(repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                          model_control_mode=args.model_control_mode)
+                          model_control_mode=args.model_control_mode, guard_role_models=not args.open_role_models,
+                          log_level=args.log_level)
     print(f"model repository: {repo}", flush=True)
-    return serve_forever(TritonServer(config, log_path=args.log_file), openai_port=args.openai_port)
+    try:
+        return serve_forever(TritonServer(config, log_path=args.log_file, log_to_stderr=True),
+                             openai_port=args.openai_port)
+    finally:
+        if not args.model_repository:  # the temporary repository goes with the server
+            shutil.rmtree(repo, ignore_errors=True)
 
 
 def cmd_client(args) -> int:
@@ -147,14 +161,14 @@ def cmd_client(args) -> int:
         return ans.text, ans.metrics
 
     from .request import translate
-    from .serving.client import ServerError
+    from .serving.client import ServerError, transport_error
 
     try:
         text, metrics = asyncio.run(go())
     except (ValueError, ServerError) as exc:
         raise ValueError(translate(str(exc).splitlines()[0], "triton", "cli")) from None
-    except Exception as exc:  # noqa: BLE001 - server/transport errors: one line, non-zero exit
-        raise ValueError(f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+    except Exception as exc:  # noqa: BLE001 - transport errors: one line naming the URL, non-zero exit
+        raise ValueError(transport_error(exc, args.url)) from None
     if args.json:
         print(json.dumps({"text": text, "mode": metrics.get("mode"), "metrics": metrics}))
     else:
@@ -164,7 +178,12 @@ def cmd_client(args) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (``PROG: error: argument --x: ...``), exit status 2."""
+    """argparse with one-line errors (``PROG: error: argument --x: ...``), exit status 2, and every flag's default
+    in ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         print(f"{self.prog}: error: {message}", file=sys.stderr)
@@ -195,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     e = sub.add_parser("eval", help="accuracy and speed per mode on datasets")
-    e.add_argument("--limit", type=int, default=None)
-    e.add_argument("--modes", default="ar,sd,lr,lr+sd")
+    e.add_argument("--limit", type=int, default=None, help="items per dataset (default: all)")
+    e.add_argument("--modes", default="ar,sd,lr,lr+sd", help="comma-separated modes, run on the same items")
     e.add_argument("--out", default=None, help="write the JSON report here")
     e.add_argument("--keep-outputs", action="store_true", help="include every answer in the report")
     _profile_flags(e)
@@ -211,13 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", default=None, help="profile YAML file")
     s.add_argument("--model-repository", default=None, help="render the repository here (default: a temp dir)")
     s.add_argument("--host", default="127.0.0.1", help="bind address of every port (default loopback)")
-    s.add_argument("--http-port", type=int, default=8000)
-    s.add_argument("--grpc-port", type=int, default=8001)
-    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--http-port", type=int, default=8000, help="Triton HTTP/REST port (KServe v2, generate)")
+    s.add_argument("--grpc-port", type=int, default=8001, help="Triton gRPC port (streaming)")
+    s.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
     s.add_argument("--openai-port", type=int, default=None, help="also serve the OpenAI-compatible front here")
-    s.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    s.add_argument("--model-control-mode", choices=("none", "explicit"), default="none",
+                   help="Triton's model control mode (explicit: models can be loaded and unloaded by API)")
+    s.add_argument("--reasoning-parser", choices=get_args(ReasoningParser), default=None,
+                   help="split <think> traces from answers on the OpenAI front, as vLLM's --reasoning-parser "
+                        "(default: the profile's)")
     s.add_argument("--max-tokens-limit", type=_positive_int, default=4096, help="largest max_tokens a request may ask")
-    s.add_argument("--max-prompt-bytes", type=_positive_int, default=65536)
+    s.add_argument("--max-prompt-bytes", type=_positive_int, default=65536, help="largest prompt in UTF-8 bytes")
     s.add_argument("--max-concurrency", type=_positive_int, default=256, help="requests in flight before refusing")
     s.add_argument("--bls-threads", type=_positive_int, default=64,
                    help="worker threads for the orchestrator's BLS calls (role-model calls in flight at once)")
@@ -225,15 +248,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--judge-timeout-s", type=float, default=None, help="per judge call; slower = drafts rejected")
     s.add_argument("--draft-timeout-s", type=float, default=None, help="per draft call; slower = target-only")
     s.add_argument("--target-timeout-s", type=float, default=None, help="per target call; slower = error")
-    s.add_argument("--log-file", default=None, help="append the server log here")
+    s.add_argument("--log-file", default=None,
+                   help="append Triton's log (with one access-log line per request) here instead of stderr")
+    s.add_argument("--log-level", choices=("error", "warning", "info", "verbose"), default="info",
+                   help="Triton's log level; info includes the access log")
+    s.add_argument("--open-role-models", action="store_true",
+                   help="let clients call the draft, target and judge models directly (by default they answer only "
+                        "the lookahead_reasoning model's internal calls, which carry a per-server secret)")
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("client", help="send one prompt to a running server")
     c.add_argument("--url", default="127.0.0.1:8001", help="HOST:PORT (gRPC port, or HTTP port with --protocol http)")
-    c.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
-    c.add_argument("--prompt", required=True)
+    c.add_argument("--protocol", choices=("grpc", "http"), default="grpc", help="protocol of --url")
+    c.add_argument("--prompt", required=True, help="the prompt (sent as one user message where the model chats)")
     c.add_argument("--stream", action="store_true", help="print steps as they arrive")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print one JSON object: text, mode, metrics")
     add_request_flags(c, skip=("prompt", "messages"))
     c.set_defaults(func=cmd_client)
     return parser

@@ -30,15 +30,16 @@ def add_eval_arguments(e: argparse.ArgumentParser) -> None:
 
 
 def parse_gammas(text: str | None) -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]`` (integers >= 0, duplicates dropped); ValueError naming ``--gamma``."""
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (integers >= 1: LR drafts gamma steps per cycle; duplicates dropped);
+    ValueError naming ``--gamma``."""
     if text is None:
         return []
     try:
         vals = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--gamma: {text!r} is not an integer or a comma-separated list of integers") from None
-    if not vals or any(v < 0 for v in vals):
-        raise ValueError(f"--gamma: values must be integers >= 0, got {text!r}")
+    if not vals or any(v < 1 for v in vals):
+        raise ValueError(f"--gamma: values must be integers >= 1, got {text!r}")
     return list(dict.fromkeys(vals))
 
 

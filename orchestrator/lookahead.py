@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Sequence, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
 from .backends.base import (Engine, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig,
                             start_requests)
@@ -90,6 +90,9 @@ class LROptions(BaseModel):
     def _check(self) -> "LROptions":
         if self.gamma > self.max_gamma:
             raise ValueError(f"gamma: {self.gamma} exceeds max_gamma {self.max_gamma}")
+        if self.speculative and self.gamma < 1:
+            raise ValueError(f"gamma: must be >= 1 in mode {self.mode} (it drafts gamma steps per cycle; "
+                             f"mode ar or sd runs without step speculation)")
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
             raise ValueError("stop: stop strings must be non-empty")
         return self
@@ -207,16 +210,22 @@ class LookaheadReasoner:
         use_chat_template: wrap plain prompts as one user message when a model has a chat template.
         reasoning_parser: how answers split into reasoning and final answer
             (:func:`~lookahead_reasoning.steps.split_reasoning`; speculation runs over both alike).
+        judges: the judges this reasoner serves, built now (the embedding judge's model loads here, not at a
+            request); a request for another is refused naming ``judge``. None: any judge, built at first use
+            (one process, one user: the CLI and ``eval``).
     """
 
     def __init__(self, target: Engine, draft: Engine | None = None, judge: Engine | None = None,
                  defaults: LROptions | None = None, use_chat_template: bool = True,
-                 reasoning_parser: ReasoningParser = "none") -> None:
+                 reasoning_parser: ReasoningParser = "none", judges: Sequence[str] | None = None) -> None:
         self.target, self.draft, self.judge_engine = target, draft, judge
         self.reasoning_parser = reasoning_parser
         self.defaults = defaults or LROptions()
         self.use_chat_template = use_chat_template
         self._verifiers: dict[tuple, Verifier] = {}
+        self.judges = tuple(judges) if judges is not None else None
+        for name in self.judges or ():
+            self.verifier(self.defaults.judge.model_copy(update={"name": name}))
         self._controllers: dict[tuple[int, int], AdaptiveGamma] = {}
         self.cost_model = None  # a calibration.CostModel, when measured: enables speedup estimates
         self.shared_tokenizer = draft is not None and _same_vocab(target, draft)
@@ -224,7 +233,7 @@ class LookaheadReasoner:
     # -- prompts ---------------------------------------------------------------------------------------
     def prompt_ids(self, engine: Engine, prompt: str | None, messages: Sequence[dict] | None) -> list[int]:
         """Prompt token ids for ``engine`` (chat template when available and enabled); the input is checked once,
-        by :meth:`stream` (:func:`check_input`)."""
+        at the request boundary or by :meth:`stream` (:func:`check_input`)."""
         tok = getattr(engine, "tokenizer", None)
         has_template = bool(getattr(tok, "chat_template", None))
         if messages is not None:
@@ -254,29 +263,34 @@ class LookaheadReasoner:
         return with_overrides(self.defaults, **overrides)
 
     async def generate(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-                       options: LROptions | None = None) -> LRResult:
+                       options: LROptions | None = None, *, checked: bool = False) -> LRResult:
         """Run one request to completion (see :meth:`stream`)."""
         result = None
-        async for event in self.stream(prompt, messages, options):
+        async for event in self.stream(prompt, messages, options, checked=checked):
             if isinstance(event, LRResult):
                 result = event
         assert result is not None
         return result
 
     def run(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-            options: LROptions | None = None) -> LRResult:
+            options: LROptions | None = None, *, checked: bool = False) -> LRResult:
         """Blocking twin of :meth:`generate`."""
-        return asyncio.run(self.generate(prompt, messages, options))
+        return asyncio.run(self.generate(prompt, messages, options, checked=checked))
 
     async def stream(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-                     options: LROptions | None = None) -> AsyncIterator[StepEvent | LRResult]:
+                     options: LROptions | None = None, *, checked: bool = False) -> AsyncIterator[StepEvent | LRResult]:
         """Yield a :class:`StepEvent` per decided piece of output, then the :class:`LRResult`.
+
+        ``checked``: the input already passed :func:`check_input` (the request boundary,
+        :func:`lookahead_reasoning.request.parse_request`, checks it once for every front); otherwise it is
+        checked here (the Python API).
 
         Raises:
             ValueError: invalid prompt/messages/options, or a speculative mode without a draft engine.
             RuntimeError: a target call failed (wraps the engine's error).
         """
-        check_input(prompt, messages)
+        if not checked:
+            messages = check_input(prompt, messages)
         opts = options or self.defaults
         if opts.speculative and self.draft is None:
             raise ValueError(f"mode: {opts.mode!r} needs a draft model (the profile has none)")
@@ -284,12 +298,17 @@ class LookaheadReasoner:
         draft_prompt = None
         if opts.speculative:
             draft_prompt = target_prompt if self.shared_tokenizer else self.prompt_ids(self.draft, prompt, messages)
+        if opts.sampling.top_k > self.target.vocab_size:
+            raise FieldError("top_k", f"{opts.sampling.top_k} exceeds the vocabulary size {self.target.vocab_size}")
         if len(target_prompt) >= self.target.context_length:
             raise ValueError(
                 f"prompt: {len(target_prompt)} tokens do not fit the context window of "
                 f"{self.target.context_length} tokens"
             )
         if opts.speculative:
+            if self.judges is not None and opts.judge.name not in self.judges:
+                raise FieldError("judge", f"{opts.judge.name!r} is not served here (served: {', '.join(self.judges)}; "
+                                          "a profile's 'judges' lists them)")
             self.verifier(opts.judge)  # fail early on an unusable judge
         max_tokens = min(opts.max_tokens, self.target.context_length - len(target_prompt))
         ctx = _Context(target_prompt, draft_prompt, max_tokens)
@@ -299,12 +318,30 @@ class LookaheadReasoner:
 
 
 class Message(BaseModel):
-    """One chat message (other keys, such as OpenAI's ``name``, are ignored)."""
+    """One chat message (other keys, such as OpenAI's ``name``, are ignored).
+
+    ``content`` is a string or, as in OpenAI's chat API, a list of content parts; only text parts
+    (``{"type": "text", "text": "..."}``) are accepted, joined with ``"\n"`` as vLLM joins them.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant"]
     content: StrictStr
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _join_text_parts(cls, value):
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for j, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"part {j}: only text parts {{\"type\": \"text\", \"text\": \"...\"}} are "
+                                 f"supported, got {kind!r}")
+            texts.append(part["text"])
+        return "\n".join(texts)
 
 
 class _Input(BaseModel):
@@ -312,11 +349,15 @@ class _Input(BaseModel):
     messages: list[Message] | None = None
 
 
-def check_input(prompt: str | None, messages, max_bytes: int | None = None) -> None:
+def check_input(prompt: str | None, messages, max_bytes: int | None = None) -> list[dict] | None:
     """The input of a request: exactly one of ``prompt`` (a non-blank string) or ``messages`` (a non-empty list
     of ``{role: system|user|assistant, content}``, some content non-blank), valid UTF-8, at most ``max_bytes``
     UTF-8 bytes of text when given. :meth:`LookaheadReasoner.stream` calls it once per request; the request
     boundary (:func:`lookahead_reasoning.request.parse_request`) uses it for every front.
+
+    Returns:
+        the messages as :class:`Message` normalises them (content parts joined, other keys dropped), or None for
+        a prompt.
 
     Raises:
         FieldError: naming ``prompt``, ``messages`` or a path inside it (``messages[1].role``).
@@ -344,6 +385,7 @@ def check_input(prompt: str | None, messages, max_bytes: int | None = None) -> N
     if max_bytes is not None and size > max_bytes:
         raise FieldError("prompt" if given.prompt is not None else "messages",
                          f"{size} bytes exceeds the server limit of {max_bytes}")
+    return None if given.messages is None else [m.model_dump() for m in given.messages]
 
 
 def with_overrides(defaults: LROptions, **overrides) -> LROptions:

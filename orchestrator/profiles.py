@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import from_validation
 from .lookahead import LROptions
 from .steps import ReasoningParser
-from .verifiers import VerifierConfig
+from .verifiers import JUDGES, JudgeName, VerifierConfig
 
 ENGINES_DIR = Path(os.environ.get("LOOKAHEAD_ENGINES_DIR", Path(__file__).resolve().parents[1] / "engines"))
 
@@ -65,18 +65,38 @@ class Profile(BaseModel):
     reasoning_parser: ReasoningParser = Field(
         "none", description="how answers split into reasoning and final answer (vLLM's --reasoning-parser names): "
                             "generate --json and /v1/chat/completions return them as reasoning_content and content")
+    judges: list[JudgeName] | None = Field(
+        None, description="judges a server serves, their models loaded at start-up (default: every judge whose "
+                          "model the profile loads anyway: exact, normalized, numeric, random, and llm with a judge "
+                          "model; list embedding to serve it)")
+
+    @model_validator(mode="after")
+    def _check_judges(self) -> "Profile":
+        if self.judges is not None and "llm" in self.judges and self.judge is None:
+            raise ValueError("judges: 'llm' needs a judge model (the profile has none)")
+        if self.options.judge.name not in self.served_judges():
+            raise ValueError(f"judges: the default judge {self.options.judge.name!r} is not in the served judges")
+        return self
+
+    def served_judges(self) -> tuple[str, ...]:
+        """The judges a server built from this profile serves (see ``judges``)."""
+        if self.judges is not None:
+            return tuple(dict.fromkeys(self.judges))
+        loaded = [j for j in JUDGES if j != "embedding" and (j != "llm" or self.judge is not None)]
+        return tuple(dict.fromkeys(loaded + [self.options.judge.name]))
 
 
 PROFILES: dict[str, Profile] = {
     "demo": Profile(
         name="demo",
-        description="the embedded demo trio (engines/demo): synthetic step-structured arithmetic",
+        description="the embedded demo trio (engines/demo): synthetic arithmetic with long reasoning traces",
         # float32 pinned: the trio is overhead-bound (bf16 is slower), and dtype auto's start-up micro-benchmark
         # could pick differently in two processes on a loaded machine, so served and in-process answers differ
         target=ModelSpec(path="demo/target", dtype="float32"),
         draft=ModelSpec(path="demo/draft", dtype="float32"),
         judge=ModelSpec(path="demo/judge", dtype="float32"),
-        options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=400),
+        options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=800),
+        reasoning_parser="deepseek_r1",
     ),
     "smollm2": Profile(
         name="smollm2",

@@ -68,7 +68,7 @@ FIELDS: tuple[RequestField, ...] = (
                  'chat messages as JSON: [{"role": "system|user|assistant", "content": "..."}]'),
     RequestField("max_tokens", "INT64", False, "max_tokens", "--max-tokens", "max_tokens", "new-token budget"),
     RequestField("stream", "BOOL", False, "stream", None, "stream", "one response per decided step"),
-    RequestField("temperature", "FP32", False, "temperature", "--temperature", "temperature", "0 = greedy (default)"),
+    RequestField("temperature", "FP32", False, "temperature", "--temperature", "temperature", "0 = greedy (default); at most 2"),
     RequestField("top_p", "FP32", False, "top_p", "--top-p", "top_p", "nucleus sampling mass, in (0, 1]"),
     RequestField("top_k", "INT64", False, "top_k", "--top-k", "top_k", "sample among the k most likely tokens (0: all)"),
     RequestField("seed", "INT64", False, "seed", "--seed", "seed", "sampling seed (>= 0)"),

@@ -7,6 +7,7 @@ here on a small corpus (seeded; built once per session). ``demo_dir``: the commi
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,7 @@ def tiny_server(tmp_path_factory, tiny_profile_yaml):
     server.stop()
 
 
-def scrape(server, prefix: str = "lr_") -> dict[str, float]:
+def scrape(server, prefix: str = "lookahead_") -> dict[str, float]:
     """Prometheus samples of the server's metrics port whose name starts with ``prefix``."""
     import urllib.request
 
@@ -176,3 +177,13 @@ def scrape(server, prefix: str = "lr_") -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out
+
+
+def series(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The value of the sample ``name{labels}`` in :func:`scrape`'s output, whatever the label order (0 if absent)."""
+    want = {k: str(v) for k, v in labels.items()}
+    for key, value in samples.items():
+        head, _, rest = key.partition("{")
+        if head == name and dict(re.findall(r'(\w+)="([^"]*)"', rest)) == want:
+            return value
+    return 0.0

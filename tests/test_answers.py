@@ -10,7 +10,7 @@ import pytest
 
 from lookahead_reasoning.answers import (
     DATASET_FILES, MATH_SUFFIX, EvalItem, check_answer, data_dir, extract_gsm8k, final_answer, last_boxed,
-    load_items, math_equal, normalize_math, to_number,
+    load_items, normalize_math, to_number,
 )
 
 

@@ -54,15 +54,18 @@ CASES = [
     Case("max_tokens negative", {"max_tokens": -5}, _e("max_tokens")),
     Case("max_tokens absurd", {"max_tokens": 2_000_000_000}, _e("max_tokens")),
     Case("gamma negative", {"gamma": -1}, _e("gamma")),
+    Case("gamma zero in an LR mode", {"gamma": 0, "mode": "lr+sd"}, _e("gamma")),
     Case("gamma over the cap", {"gamma": 50}, _e("gamma")),
     Case("unknown mode", {"mode": "turbo"}, _e("mode")),
     Case("unknown judge", {"judge": "oracle"}, _e("judge")),
     Case("temperature negative", {"temperature": -0.5}, _e("temperature")),
+    Case("temperature above OpenAI's 2", {"temperature": 5.0}, _e("temperature")),
     Case("top_p zero", {"top_p": 0.0}, _e("top_p")),
     Case("top_p above one", {"top_p": 1.5}, _e("top_p")),
     Case("top_k negative", {"top_k": -3}, _e("top_k")),
+    Case("top_k above the vocabulary", {"top_k": 10**6}, _e("top_k")),
     # Over HTTP generate, Triton's own JSON parser rejects a value of the wrong type before any model sees it,
-    # with its message ("Unable to parse 'data': ...", not naming the field) and status 400.
+    # with its message ("Unable to parse 'data': ...", not naming the field) and status 500 (Triton 2.51's, not ours).
     Case("non-integer seed", {"seed": 1.5}, {**_e("seed"), "http": "Unable to parse"},
          channels=("cli", "python", "http", "openai")),
     Case("negative seed", {"seed": -7}, _e("seed")),
@@ -76,6 +79,9 @@ CASES = [
     Case("messages with an unknown role", {"text_input": None, "messages": '[{"role": "robot", "content": "hi"}]'},
          _e("messages")),
     Case("messages empty", {"text_input": None, "messages": "[]"}, _e("messages")),
+    Case("messages with an image part", {"text_input": None, "messages": json.dumps(
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}])},
+         _e("messages")),
     Case("no prompt at all", {"text_input": None}, {"grpc": "text_input", "http": "text_input", "openai": "prompt"},
          channels=("grpc", "http", "openai")),
     Case("wrong dtype: max_tokens as FP32", {}, {"grpc": "max_tokens"}, channels=("grpc",),
@@ -213,7 +219,9 @@ def test_http(tiny_server, case):
     for name, (arr, _) in case.raw.items():
         body[name] = [x.decode() if isinstance(x, bytes) else x.item() for x in arr.reshape(-1)][0]
     r = httpx.post(f"http://{tiny_server.http_url}/v2/models/lookahead_reasoning/generate", json=body, timeout=60)
-    assert r.status_code >= 400
+    # our refusals are 400; a JSON value of the wrong type never reaches our model: Triton 2.51's own parser
+    # answers 500 "Unable to parse 'data': ..." (README, "Triton deployment")
+    assert r.status_code == (500 if case.expect["http"] == "Unable to parse" else 400), r.text
     assert case.expect["http"] in r.json()["error"], r.text
     good = asyncio.run(TritonLRClient(tiny_server.http_url, "http").generate(GOOD, max_tokens=6))
     assert good.metrics["generated_tokens"] == 6
@@ -248,8 +256,50 @@ def test_openai(tiny_openai, case):
 
 
 def test_catalogue_size():
+    """At least 60 malformed requests over the server's fronts (HTTP generate, gRPC, the OpenAI front)."""
     assert len(CASES) >= 25
     for channel in ALL:
         assert sum(channel in c.channels for c in CASES) >= 18, channel
+    assert sum(ch in c.channels for c in CASES for ch in ("grpc", "http", "openai")) >= 60
 
 
+def test_a_judge_the_server_does_not_serve_is_refused(tiny_server):
+    """The embedding judge's model is not loaded by a profile that does not list it: a request for it is refused
+    by name (it never makes the server load MiniLM for everybody), and the server keeps serving."""
+    client = TritonLRClient(tiny_server.grpc_url, "grpc")
+    with pytest.raises(Exception, match="judge: 'embedding' is not served"):
+        asyncio.run(client.generate(GOOD, max_tokens=8, judge="embedding"))
+    assert asyncio.run(client.generate(GOOD, max_tokens=6)).metrics["generated_tokens"] == 6
+
+
+def test_role_models_are_internal(tiny_server):
+    """A well-formed call to the target model from outside (gRPC; role models are decoupled, so HTTP cannot call
+    them at all) is refused naming the model, while the orchestrator's own calls to it, which carry the server's
+    secret, keep working."""
+    import tritonclient.grpc.aio as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    from lookahead_reasoning.backends.base import GenerationRequest
+    from lookahead_reasoning.backends.role_tensors import requests_to_arrays
+
+    async def call_target():
+        client = grpcclient.InferenceServerClient(tiny_server.grpc_url)
+        inputs = []
+        for name, arr in requests_to_arrays([GenerationRequest((5, 6, 7), 4)]).items():
+            t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+            t.set_data_from_numpy(arr)
+            inputs.append(t)
+
+        async def it():
+            yield {"model_name": "target", "inputs": inputs}
+
+        try:
+            async for result, error in client.stream_infer(it()):
+                return str(error) if error is not None else "answered"
+        finally:
+            await client.close()
+
+    got = asyncio.run(call_target())
+    assert "target: internal model" in got, got
+    assert asyncio.run(TritonLRClient(tiny_server.grpc_url, "grpc").generate(GOOD, max_tokens=6)).metrics[
+        "generated_tokens"] == 6

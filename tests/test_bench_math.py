@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 
 import numpy as np
 import pytest
@@ -51,7 +52,9 @@ def test_percentiles_numpy_linear_interpolation():
     assert p["p90"] == pytest.approx(3700.0)
     assert p["p99"] == pytest.approx(3970.0)
     assert p["mean"] == pytest.approx(2500.0)
-    assert percentiles_ms([]) == {"p50": None, "p90": None, "p99": None, "mean": None}
+    assert p["std"] == pytest.approx(np.std([1000.0, 2000.0, 3000.0, 4000.0]))
+    assert (p["min"], p["max"], p["p95"]) == (1000.0, 4000.0, pytest.approx(3850.0))
+    assert percentiles_ms([]) == dict.fromkeys(["mean", "std", "min", "max", "p50", "p90", "p95", "p99"])
 
 
 def test_run_summary_itl_pooled_throughput_goodput_and_failures():
@@ -156,8 +159,15 @@ def test_runner_concurrency_timing_and_items_cycled():
 
 def test_runner_poisson_open_loop_never_early_and_unbounded_in_flight():
     offsets = poisson_arrivals(12, 200.0, seed=3)
-    tls = asyncio.run(run_load(sleepy_send(ttft=0.05), ITEMS, "lr+sd", 12, request_rate=200.0, seed=3, progress=False))
-    start = tls[0].send_s
+    reads: list[float] = []
+
+    def clock() -> float:  # the runner's first reading is its start (request 0 itself may start later, on a busy CPU)
+        reads.append(time.perf_counter())
+        return reads[-1]
+
+    tls = asyncio.run(run_load(sleepy_send(ttft=0.05), ITEMS, "lr+sd", 12, request_rate=200.0, seed=3, progress=False,
+                               clock=clock))
+    start = reads[0]
     for t, off in zip(tls, offsets):
         assert t.send_s - start >= off - 1e-3  # never sent before its arrival time
     in_flight = max(sum(u.send_s <= t.send_s < u.end_s for u in tls) for t in tls)
@@ -178,7 +188,7 @@ def test_runner_records_failures_and_goes_on():
 
 
 def test_run_bench_document_plots_and_summary(tmp_path):
-    from lookahead_reasoning.bench_report import plot_bench, write_summary
+    from lookahead_reasoning.bench_report import export_genai_perf, plot_bench, write_summary
 
     sent = []
 
@@ -188,6 +198,7 @@ def test_run_bench_document_plots_and_summary(tmp_path):
         async for x in sleepy_send(ttft=0.02, gap=0.005 if fast else 0.01, chunks=2 if fast else 4,
                                    tokens=6 if fast else 3)(item, mode):
             yield x
+        yield "", 0, {"prompt_tokens": 7 + len(item.id), "generated_tokens": 12}  # the final metrics response
 
     cfg = BenchConfig(["ar", "lr+sd"], 4, concurrencies=[1, 2], slo_ms={"ttft_ms": 1000, "e2e_ms": 1000})
     spare = EvalItem("spare", "synthetic", "warm-up question")
@@ -203,13 +214,22 @@ def test_run_bench_document_plots_and_summary(tmp_path):
     assert "rotated" in m["order"] and {"load_avg_1min_start", "load_avg_1min_end", "cpu_count"} <= set(m)
     for r in doc["runs"]:
         for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-            assert set(r[k]) >= {"p50", "p90", "p99"}
+            assert set(r[k]) >= {"p50", "p90", "p95", "p99", "mean", "std", "min", "max"}
         assert r["goodput_rps"] == pytest.approx(r["requests_per_s"])  # generous SLOs: every request is good
         assert r["output_tokens"] == 48
     assert doc["runs"][0]["speedup_vs_ar"] == 1.0 and doc["runs"][1]["speedup_vs_ar"] > 1.0
+    for r in doc["runs"]:  # ISL / OSL as the server counted them, total token throughput
+        assert r["osl"]["mean"] == r["osl"]["min"] == 12 and r["isl"]["min"] >= 9
+        assert r["total_tokens_per_s"] == pytest.approx((r["output_tokens"] + r["input_tokens"]) / r["duration_s"])
     json.dumps(doc)  # serialisable as is
+    exported = export_genai_perf({**doc, "endpoint": "triton-grpc"}, tmp_path / "genai_perf")
+    assert [p.name for p in exported] == ["ar_c1.json", "lr_sd_c1.json", "ar_c2.json", "lr_sd_c2.json"]
+    gp = json.loads(exported[1].read_text())
+    assert gp["time_to_first_token"]["avg"] == doc["runs"][1]["ttft_ms"]["mean"]
+    assert gp["time_to_first_token"]["unit"] == "ms" and gp["output_sequence_length"]["p95"] == 12
+    assert gp["input_config"]["mode"] == "lr+sd" and gp["input_config"]["concurrency"] == 1
     pngs = plot_bench(doc, tmp_path / "plots")
-    assert [p.name for p in pngs] == ["latency_cdf.png", "goodput_speedup.png"]
+    assert [p.name for p in pngs] == ["latency_cdf.png", "latency_vs_load.png", "goodput_speedup.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     md = write_summary({**doc, "dataset": "synthetic"}, tmp_path / "bench.md", pngs).read_text()
     assert "| lr+sd | c=2 |" in md and "ttft_ms <= 1000" in md and "plots/latency_cdf.png" in md
@@ -221,7 +241,7 @@ def test_run_bench_document_plots_and_summary(tmp_path):
 def test_bench_subcommand_flags_and_validation():
     parser = argparse.ArgumentParser(prog="t")
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", "--url", "localhost:8001", "--protocol", "http", "--concurrency", "1,4,16",
+    args = parser.parse_args(["bench", "--url", "localhost:8001", "--endpoint", "triton-http", "--concurrency", "1,4,16",
                               "--requests", "8", "--modes", "ar,lr+sd", "--slo", "ttft_ms=500,tpot_ms=50,e2e_ms=9000",
                               "--out", "x.json"])
     cfg = config_from_args(args)

@@ -123,6 +123,33 @@ def test_version_and_help():
     assert "Lookahead Reasoning" in help_text and "argument parsing only" not in help_text
 
 
+def test_every_flag_has_help_and_its_default_shown():
+    """Every option of every subcommand explains itself, and ``--help`` prints defaults (argparse's
+    ArgumentDefaultsHelpFormatter)."""
+    import argparse
+
+    from lookahead_reasoning.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [(name, a.option_strings) for name, p in sub.choices.items() for a in p._actions
+               if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()]
+    assert not missing
+    assert set(sub.choices) >= {"generate", "eval", "serve", "client", "bench", "build"}
+    serve_help = _cli("serve", "--help").stdout
+    assert "(default: 8002)" in serve_help and "--reasoning-parser" in serve_help
+
+
+@pytest.mark.parametrize("command", [["client", "--prompt", "hi"], ["client", "--prompt", "hi", "--protocol", "http"],
+                                     ["bench", "--concurrency", "1", "--requests", "1", "--out", "OUT"]])
+def test_no_server_at_the_url_is_one_line_naming_it(command, tmp_path):
+    from lookahead_reasoning.serving.server import free_port
+
+    url = f"127.0.0.1:{free_port()}"  # nothing listens there
+    out = _cli(*[str(tmp_path / "b.json") if a == "OUT" else a for a in command], "--url", url)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and f"cannot reach the server at {url}" in lines[0], out.stderr
+
+
 def test_serve_on_a_busy_port_says_so_and_leaves_nothing(tmp_path):
     """Another process listens on the HTTP port: one line naming --http-port, no server started (and so no
     "ready" answered by the other process), and no temporary model repository written."""
@@ -145,3 +172,41 @@ def test_serve_on_a_busy_port_says_so_and_leaves_nothing(tmp_path):
     assert out.returncode != 0 and "--http-port" in lines[-1] and "in use" in lines[-1], out.stderr
     assert "ready" not in out.stdout.lower()
     assert set(Path(tempfile.gettempdir()).glob("lr-triton-*")) == repos
+
+
+@pytest.mark.server
+def test_serve_sigterm_leaves_no_repository_and_no_shared_memory(tiny_profile_yaml):
+    """``serve`` (tiny profile) until ready, then SIGTERM: it exits 0 within the bound, its temporary model
+    repository is gone, and so is every ``/dev/shm`` segment its Triton processes had mapped."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    from lookahead_reasoning.serving.server import free_port, shm_segments_of
+
+    proc = subprocess.Popen([sys.executable, "-m", "lookahead_reasoning.cli", "serve", "--config", str(tiny_profile_yaml),
+                             "--http-port", str(free_port()), "--grpc-port", str(free_port()),
+                             "--metrics-port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)  # (Triton's log goes to stderr: a pipe nobody reads would fill and block it)
+    try:
+        repo, deadline = None, time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("model repository: "):
+                repo = Path(line.split(": ", 1)[1].strip())
+            if line.startswith("Triton ready") or not line:
+                break
+        assert repo is not None and repo.is_dir() and line.startswith("Triton ready"), line
+        triton = next(int(d.name) for d in Path("/proc").glob("[0-9]*")
+                      if (d / "stat").exists() and ") " in (d / "stat").read_text()
+                      and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid)
+        segments = shm_segments_of(triton)  # tritonserver leads its own process group
+        assert segments, "the Python backend maps its shared memory under /dev/shm"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not repo.exists()
+    assert not [s for s in segments if os.path.exists(s)]

@@ -88,6 +88,8 @@ def test_eval_handler_with_gamma_sweep(tiny_model_dir, tiny_draft_dir, tmp_path)
     assert parse_gammas("1,2,2,4") == [1, 2, 4]
     with pytest.raises(ValueError, match="--gamma"):
         parse_gammas("1,x")
+    with pytest.raises(ValueError, match="--gamma: values must be integers >= 1"):
+        parse_gammas("0,2")
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({
         "name": "tiny", "target": {"path": str(tiny_model_dir)}, "draft": {"path": str(tiny_draft_dir)},

@@ -44,13 +44,13 @@ def _control(server):
 
 
 def test_slow_judge_rejects_drafts_and_keeps_target_steps(fault_server):
-    before = scrape(fault_server).get('lr_judge_fallbacks_total{mode="lr+sd"}', 0.0)
+    before = scrape(fault_server).get('lookahead_judge_fallbacks_total{mode="lr+sd"}', 0.0)
     ar = _run(_client(fault_server).generate(PROMPT, mode="ar", max_tokens=40))
     lr = _run(_client(fault_server).generate(PROMPT, mode="lr+sd", judge="llm", max_tokens=40))
     assert lr.metrics["fallbacks"] >= 1
     if lr.metrics["accepted_steps"] == 0:  # (a batch of pairs that all match after normalization skips the judge)
         assert lr.text == ar.text  # every draft rejected, the target's own steps kept (greedy)
-    assert scrape(fault_server)['lr_judge_fallbacks_total{mode="lr+sd"}'] > before
+    assert scrape(fault_server)['lookahead_judge_fallbacks_total{mode="lr+sd"}'] > before
 
 
 def test_unloaded_judge_falls_back(fault_server):
@@ -70,11 +70,11 @@ def test_unloaded_judge_falls_back(fault_server):
 def test_draft_unloaded_mid_run_continues_target_only(fault_server):
     ctl = _control(fault_server)
     client = _client(fault_server)
-    ar = _run(client.generate(PROMPT, mode="ar", max_tokens=64))
+    ar = _run(client.generate(PROMPT, mode="ar", max_tokens=240))  # several cycles after the first step
 
     async def go():
         chunks = []
-        async for c in client.stream(PROMPT, mode="lr", judge="exact", max_tokens=64):
+        async for c in client.stream(PROMPT, mode="lr", judge="exact", max_tokens=240):
             chunks.append(c)
             if len(chunks) == 1:
                 # a client of its own in the worker thread (the HTTP client's greenlets are bound to a thread)

@@ -81,7 +81,7 @@ def test_memory_bounded_over_500_sequential_requests(tiny_server, tiny_profile_y
         return samples
 
     samples = asyncio.run(go())
-    gauges = scrape(tiny_server, "lr_engine_prefix_cache_bytes")
+    gauges = scrape(tiny_server, "lookahead_engine_prefix_cache_bytes")
     assert gauges and all(v <= bound for v in gauges.values()), gauges
     growth = samples[500] - samples[100]
     print(f"server tree RSS after 100: {samples[100] / 1024:.0f} MiB, after 500: {samples[500] / 1024:.0f} MiB")
@@ -94,7 +94,7 @@ def test_cancelling_half_frees_engine_state(tiny_server):
     # names the streams that did not finish and the engine gauges instead of only timing out.
     client = TritonLRClient(tiny_server.grpc_url, "grpc")
     prompts = _prompts(8)
-    key = 'lr_requests_cancelled_total{mode="lr+sd"}'
+    key = 'lookahead_requests_cancelled_total{mode="lr+sd"}'
     before = scrape(tiny_server).get(key, 0.0)
 
     async def run_one(p, cancel: bool):
@@ -121,7 +121,7 @@ def test_cancelling_half_frees_engine_state(tiny_server):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         m = scrape(tiny_server)
-        active = {k: v for k, v in m.items() if k.startswith("lr_engine_active_sequences")}
+        active = {k: v for k, v in m.items() if k.startswith("lookahead_engine_active_sequences")}
         if m.get(key, 0.0) - before >= 4 and all(v == 0 for v in active.values()):
             break
         time.sleep(0.5)

@@ -31,7 +31,7 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; > 0 samples")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy; > 0 samples; at most 2 (OpenAI's range)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass in (0, 1]")
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 disables")
     seed: int | None = Field(None, ge=0, description="per-request RNG seed; None = nondeterministic")

@@ -38,7 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, RequestGroup,
                    validate_request)
 from .kv_cache import BatchKVCache, PrefixCache
-from .spec_decode import greedy_accepted, make_warpers, ngram_propose, verify
+from .spec_decode import (DraftModelProposer, NgramProposer, ProposalRow, Proposer, greedy_accepted, make_warpers,
+                          verify)
 from .tokenizer import TokenizerAccess
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,9 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                  model=None) -> None:
         self.config = config
         self.draft_engine = draft_engine
+        self._proposers: dict[str, Proposer] = {"ngram": NgramProposer()}
+        if draft_engine is not None:
+            self._proposers["draft_model"] = DraftModelProposer(draft_engine)
         self.device = torch.device(config.device)
         self._running: list[_Seq] = []
         self._pending: list[_Seq] = []
@@ -538,8 +542,10 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
 
     # -- decoding --------------------------------------------------------------------------------------
     def _proposals(self) -> list[tuple[list[int], torch.Tensor | None]]:
+        """``(tokens, draft probabilities or None)`` per running row: each row's proposer (by its ``spec.method``)
+        is asked once per step for the rows that use it (:mod:`.spec_decode`)."""
         props: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * len(self._running)
-        draft_rows = []
+        groups: dict[str, list[tuple[int, ProposalRow]]] = {}
         for r, s in enumerate(self._running):
             spec = s.req.spec
             if not spec.enabled or s.collect_probs:
@@ -551,30 +557,14 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             )
             if room <= 0:
                 continue
-            if spec.method == "ngram":
-                props[r] = (ngram_propose(s.tokens, room, spec.prompt_lookup_max, spec.prompt_lookup_min), None)
-            else:
-                draft_rows.append((r, room))
-        if draft_rows:
-            props = self._draft_model_proposals(props, draft_rows)
-        return props
-
-    def _draft_model_proposals(self, props, draft_rows):
-        from .base import GenerationRequest as Req
-
-        reqs = []
-        for r, room in draft_rows:
-            s = self._running[r]
             sampling = s.req.sampling
-            if not sampling.greedy:
+            if spec.method == "draft_model" and not sampling.greedy:  # a seed per row, from the row's generator
                 seed = int(torch.randint(0, 2**31 - 1, (), generator=s.generator))
                 sampling = sampling.model_copy(update={"seed": seed})
-            reqs.append(Req(tuple(s.tokens), room, sampling=sampling, request_id="spec-draft"))
-        results = self.draft_engine.submit(reqs, collect_probs=True).result()
-        props = list(props)
-        for (r, _), res in zip(draft_rows, results):
-            probs = getattr(res, "token_probs", None)
-            props[r] = (list(res.token_ids), probs)
+            groups.setdefault(spec.method, []).append((r, ProposalRow(s.tokens, room, spec, sampling)))
+        for method, rows in groups.items():
+            for (r, _), prop in zip(rows, self._proposers[method].propose([row for _, row in rows])):
+                props[r] = (prop.tokens, prop.probs)
         return props
 
     def _step(self) -> None:

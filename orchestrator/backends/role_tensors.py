@@ -33,11 +33,18 @@ output                     dtype    shape       meaning
 ``counters``               BYTES    [n]         JSON of GenerationCounters
 ``stop_offsets``           BYTES    [n]         JSON list: new-token count at each completed stop string
 =========================  =======  ==========  =====================================================
+
+Role models are internal: when the server's environment holds :data:`INTERNAL_KEY_ENV` (``serve`` sets a random
+one unless ``--open-role-models``), a role model answers only requests whose parameters carry the same value
+under :data:`INTERNAL_KEY_PARAM`. The orchestrator's BLS calls add it (:func:`internal_parameters`); a client
+outside the server cannot read the environment of Triton's processes, so it cannot call a role model directly.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
 from dataclasses import asdict
 from typing import Sequence
 
@@ -177,3 +184,24 @@ def arrays_to_results(get) -> list[GenerationResult]:
             stop_offsets=json.loads(_str(offsets[i])) if offsets is not None else [],
         ))
     return out
+
+
+INTERNAL_KEY_ENV = "LOOKAHEAD_INTERNAL_KEY"
+INTERNAL_KEY_PARAM = "lookahead_internal_key"
+
+
+def internal_parameters() -> dict[str, str]:
+    """Request parameters of an internal (BLS) call: the server's key, or none when role models are open."""
+    key = os.environ.get(INTERNAL_KEY_ENV)
+    return {INTERNAL_KEY_PARAM: key} if key else {}
+
+
+def is_internal(parameters_json: str | None) -> bool:
+    """Whether a role-model request may run: role models are open (no key in the environment), or its parameters
+    (Triton's request parameters as JSON) carry the key (constant-time comparison)."""
+    key = os.environ.get(INTERNAL_KEY_ENV)
+    if not key:
+        return True
+    given = json.loads(parameters_json or "{}").get(INTERNAL_KEY_PARAM)
+    return isinstance(given, str) and hmac.compare_digest(given, key)
+

@@ -16,6 +16,7 @@ identical to plain greedy decoding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +27,63 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from .base import SamplingParams
+from .base import GenerationRequest, SamplingParams, SpecDecodeConfig
+
+
+@dataclass
+class ProposalRow:
+    """One sequence asking for proposals: its tokens so far (prompt + generated), at most ``k`` proposals (> 0),
+    its speculative-decoding settings, and the sampling a model proposer draws with (seeded per row by the
+    caller, so proposals do not depend on other rows)."""
+
+    tokens: list[int]
+    k: int
+    spec: SpecDecodeConfig
+    sampling: SamplingParams
+
+
+@dataclass
+class Proposal:
+    """Proposed next tokens (0..k ids) and, from a proposer that samples, their draft distributions
+    ``(len(tokens), vocab)`` float32 (None: deterministic proposals, one-hot ``q`` in :func:`verify`)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    """A token-level proposer (one per ``SpecDecodeConfig.method``), as transformers' ``CandidateGenerator``:
+    given rows, one :class:`Proposal` per row, in order."""
+
+    method: str
+
+    def propose(self, rows: Sequence[ProposalRow]) -> list[Proposal]: ...
+
+
+class NgramProposer:
+    """Prompt lookup (``method: ngram``): :func:`ngram_propose` on each row with its own lookup lengths."""
+
+    method = "ngram"
+
+    def propose(self, rows: Sequence[ProposalRow]) -> list[Proposal]:
+        return [Proposal(ngram_propose(r.tokens, r.k, r.spec.prompt_lookup_max, r.spec.prompt_lookup_min))
+                for r in rows]
+
+
+class DraftModelProposer:
+    """A smaller model (``method: draft_model``): one batched call of ``engine`` (an engine with the same
+    tokenizer whose ``submit(requests, collect_probs=True)`` returns results with ``token_ids`` and
+    ``token_probs``) writes up to ``k`` tokens per row."""
+
+    method = "draft_model"
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def propose(self, rows: Sequence[ProposalRow]) -> list[Proposal]:
+        reqs = [GenerationRequest(tuple(r.tokens), r.k, sampling=r.sampling, request_id="spec-draft") for r in rows]
+        results = self.engine.submit(reqs, collect_probs=True).result()
+        return [Proposal(list(res.token_ids), getattr(res, "token_probs", None)) for res in results]
 
 
 def ngram_propose(tokens: list[int], k: int, lookup_max: int, lookup_min: int) -> list[int]:

@@ -19,7 +19,7 @@ import asyncio
 from concurrent.futures import Executor
 from typing import Sequence
 
-from .role_tensors import arrays_to_results, requests_to_arrays
+from .role_tensors import arrays_to_results, internal_parameters, requests_to_arrays
 from .base import GenerationRequest, GenerationResult, check_stop_fields
 from .tokenizer import TokenizerAccess
 
@@ -85,6 +85,9 @@ class TritonBLSEngine(TokenizerAccess):
                 arrays = requests_to_arrays([requests[i] for i in idx])
                 inputs = [pb.Tensor(name, arr) for name, arr in arrays.items()]
                 kwargs = {}
+                params = internal_parameters()
+                if params:
+                    kwargs["parameters"] = params
                 if self.timeout_s:
                     kwargs["timeout"] = int(self.timeout_s * 1e6)  # microseconds
                 req = pb.InferenceRequest(model_name=self.model_name, inputs=inputs,

@@ -9,7 +9,6 @@ request's metrics); ``generate(...)`` returns the whole answer. Request paramete
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,27 @@ _TYPES = {f.triton: _NUMPY[f.dtype] for f in FIELDS}
 
 class ServerError(RuntimeError):
     """The server answered the request with an error (its message names the field for bad input)."""
+
+
+def transport_error(exc: BaseException, url: str) -> str:
+    """One line for a failure to talk to the server at ``url`` (not an answer from it): a refused or dropped
+    connection names the URL; other gRPC / HTTP failures give their status and details, never a traceback."""
+    import grpc
+    import httpx
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return f"cannot reach the server at {url} (gRPC): {exc.details()}"
+        return f"server at {url} (gRPC): {exc.code().name}: {exc.details()}"
+    if isinstance(exc, InferenceServerException):
+        text = exc.message() or str(exc)
+        if "UNAVAILABLE" in str(exc.status()) or "failed to connect" in text.lower():
+            return f"cannot reach the server at {url}: {text}"
+        return f"server at {url}: {text}".splitlines()[0]
+    if isinstance(exc, (httpx.TransportError, ConnectionError)):
+        return f"cannot reach the server at {url} (HTTP): {type(exc).__name__}: {exc}".splitlines()[0]
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 @dataclass
@@ -200,8 +220,3 @@ class TritonLRClient:
                 cfg = (await client.get(f"http://{self.url}/v2/models/{MODEL}/config")).json()
         params = {k: v.get("string_value") for k, v in (cfg.get("parameters") or {}).items()}
         return {"profile": params.get("profile") or None, "parameters": params}
-
-
-def run(coro):
-    """Run a client coroutine from synchronous code."""
-    return asyncio.run(coro)

@@ -2,11 +2,17 @@
 
 Endpoints as vLLM / trtllm-serve users expect: ``GET /v1/models``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (``stream: true`` gives server-sent events ending with ``data: [DONE]``, one
-chunk per decided reasoning step). Request fields follow the OpenAI API (``prompt`` / ``messages``,
+chunk per decided reasoning step; ``stream_options: {"include_usage": true}`` adds OpenAI's last chunk with
+empty ``choices`` and the ``usage``). Request fields follow the OpenAI API (``prompt`` / ``messages``,
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``) plus the extensions ``top_k``,
 ``mode``, ``gamma`` and ``judge``. Bad input answers HTTP 400 with ``{"error": {"message", "type", "param"}}``.
 As in OpenAI's API and vLLM, the matched stop string is left out of the text (vLLM's
 ``include_stop_str_in_output: true`` keeps it); Triton's own endpoints return the text with it.
+
+A completion's ``prompt`` may be a string, a list of strings (one choice per prompt, ``index`` in order; streamed
+chunks of the choices interleave) or token ids (a list of ints, or one list per prompt), which this front decodes
+with the served target's tokenizer before sending the text (the server tokenizes it again: ids that are not the
+tokenizer's own encoding of their text come back as that encoding). Chat ``content`` may be a list of text parts.
 
 Reasoning: with the profile's ``reasoning_parser`` (``deepseek_r1`` or ``qwen3``, vLLM's names) a chat answer
 is split as vLLM's reasoning parsers do: the trace goes to ``message.reasoning_content`` (and ``reasoning``, its
@@ -16,23 +22,33 @@ name since vLLM 0.11), the final answer to ``content``; streamed deltas carry on
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, create_model
 
-from ..request import BY_NAME, FIELDS, openai_body_fields, translate
+from ..request import BY_NAME, FIELDS, RequestError, openai_body_fields, translate
 from ..steps import ReasoningStream, split_reasoning
 from .client import ServerError, TritonLRClient
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's ``stream_options``: ``include_usage`` adds a last chunk (empty ``choices``) with the usage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool = False
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     model: str | None = None
+    stream_options: StreamOptions | None = None
     max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
     include_stop_str_in_output: bool = False  # vLLM's extension: keep the matched stop string in the text
     # OpenAI parameters this server does not implement: refused by name rather than ignored
@@ -53,6 +69,8 @@ class _Body(BaseModel):
                 return f"{name}: not supported by this server"
         if self.response_format not in (None, {"type": "text"}):
             return "response_format: only text is supported"
+        if self.stream_options is not None and not self.stream:
+            return "stream_options: only allowed when stream is true"
         return None
 
     def params(self) -> dict[str, Any]:
@@ -70,7 +88,8 @@ _Common = create_model("_Common", __base__=_Body, **openai_body_fields())
 
 
 class CompletionRequest(_Common):
-    prompt: str
+    # text, several texts (one choice each), or token ids (one list, or one list per prompt)
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
 class ChatRequest(_Common):
@@ -103,6 +122,24 @@ class StopTrimmer:
                 if held.endswith(s):
                     return held[:-len(s)]
         return held
+
+
+def _usage(*metrics: dict) -> dict[str, int]:
+    """OpenAI's ``usage`` object from the metrics of a request's answers (one per prompt)."""
+    prompt = sum(m.get("prompt_tokens", 0) for m in metrics)
+    completion = sum(m.get("generated_tokens", 0) for m in metrics)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _target_tokenizer(server_profile: dict):
+    """The served profile's target tokenizer (token-id prompts are decoded with it)."""
+    from transformers import AutoTokenizer
+
+    from ..profiles import load_profile
+
+    params = server_profile["parameters"]
+    prof = load_profile(params.get("profile") or None, config=params.get("profile_config") or None)
+    return AutoTokenizer.from_pretrained(str(prof.target.resolved_path()))
 
 
 def _finish(reason: str | None) -> str:
@@ -165,6 +202,29 @@ def create_app(grpc_url: str, model_name: str | None = None):
     async def health():
         return {"status": "ok"}
 
+    async def prompt_texts(prompt) -> list[str]:
+        """The completion request's prompts as text: a string, a list of strings, or token ids (one list of
+        ints, or a list of them) decoded with the served target's tokenizer."""
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise RequestError("prompt", "expected a string, a non-empty list of strings, or token ids")
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        flat = all(isinstance(t, int) for t in prompt)
+        rows = [prompt] if flat else prompt
+        if "tokenizer" not in state:
+            state["tokenizer"] = await asyncio.to_thread(_target_tokenizer, await client.server_profile())
+        tok = state["tokenizer"]
+        for r, row in enumerate(rows):
+            if not row:
+                raise RequestError(f"prompt[{r}]", "empty token list")
+            bad = [t for t in row if not 0 <= t < len(tok)]
+            if bad:
+                raise RequestError("prompt" if flat else f"prompt[{r}]",
+                                   f"token id {bad[0]} is outside the vocabulary (0..{len(tok) - 1})")
+        return [tok.decode(row, clean_up_tokenization_spaces=False) for row in rows]
+
     async def run(kind: str, body: _Common, prompt=None, messages=None):
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
@@ -177,90 +237,137 @@ def create_app(grpc_url: str, model_name: str | None = None):
         if refused:
             return error(400, refused, refused.split(":")[0])
         params = body.params()
+        try:
+            inputs = [(p, None) for p in await prompt_texts(prompt)] if kind == "completion" else [(None, messages)]
+        except RequestError as exc:
+            return error(400, str(exc), exc.field)
+        parser = (await server_facts())["reasoning_parser"] if kind == "chat" else None
+
         if not body.stream:
             try:
-                ans = await client.generate(prompt, messages, **params)
+                answers = await asyncio.gather(*(client.generate(p, m, **params) for p, m in inputs))
             except (ServerError, ValueError) as exc:
                 return bad_request(exc)
-            m = ans.metrics
-            usage = {"prompt_tokens": m.get("prompt_tokens", 0), "completion_tokens": m.get("generated_tokens", 0),
-                     "total_tokens": m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)}
-            finish = _finish(m.get("finish_reason"))
-            text = ans.text
-            if not body.include_stop_str_in_output:
-                trim = StopTrimmer(params.get("stop"))
-                text = trim.feed(text) + trim.finish(m.get("finish_reason") == "stop")
-            if kind == "chat":
-                reasoning, content = split_reasoning(text, (await server_facts())["reasoning_parser"])
-                message = {"role": "assistant", "content": content}
-                if reasoning is not None:  # vLLM's field names (``reasoning`` in vLLM >= 0.11)
-                    message["reasoning_content"] = message["reasoning"] = reasoning
-                choice = {"index": 0, "message": message, "finish_reason": finish}
-                obj = "chat.completion"
-            else:
-                choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-                obj = "text_completion"
-            return {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
-                    "usage": usage, "lookahead_metrics": m}
+            choices = []
+            for index, ans in enumerate(answers):
+                m = ans.metrics
+                finish = _finish(m.get("finish_reason"))
+                text = ans.text
+                if not body.include_stop_str_in_output:
+                    trim = StopTrimmer(params.get("stop"))
+                    text = trim.feed(text) + trim.finish(m.get("finish_reason") == "stop")
+                if kind == "chat":
+                    reasoning, content = split_reasoning(text, parser)
+                    message = {"role": "assistant", "content": content}
+                    if reasoning is not None:  # vLLM's field names (``reasoning`` in vLLM >= 0.11)
+                        message["reasoning_content"] = message["reasoning"] = reasoning
+                    choices.append({"index": index, "message": message, "finish_reason": finish})
+                else:
+                    choices.append({"index": index, "text": text, "finish_reason": finish, "logprobs": None})
+            metrics = [a.metrics for a in answers]
+            return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
+                    "created": created, "model": name, "choices": choices, "usage": _usage(*metrics),
+                    "lookahead_metrics": metrics[0] if len(metrics) == 1 else metrics}
 
-        agen = client.stream(prompt, messages, **params)
+        agens = [client.stream(p, m, **params) for p, m in inputs]
+
+        async def first_of(agen):
+            try:
+                return await agen.__anext__()
+            except StopAsyncIteration:
+                return None
+
         try:  # surface bad-request errors as HTTP 400 before the event stream starts
-            first = await agen.__anext__()
-        except StopAsyncIteration:
-            first = None
+            firsts = await asyncio.gather(*(first_of(a) for a in agens))
         except (ServerError, ValueError) as exc:
+            for a in agens:
+                await a.aclose()
             return bad_request(exc)
+        with_usage = body.stream_options is not None and body.stream_options.include_usage
 
-        splitter = ReasoningStream((await server_facts())["reasoning_parser"]) if kind == "chat" else None
-        trim = StopTrimmer([] if body.include_stop_str_in_output else params.get("stop"))
-
-        def chunk(text: str | None, finish: str | None, first_chunk: bool = False, reasoning: str = "") -> str:
-            if kind == "chat":
-                delta: dict[str, Any] = {}
-                if first_chunk:
-                    delta["role"] = "assistant"
-                if reasoning:
-                    delta["reasoning_content"] = delta["reasoning"] = reasoning
-                if text:
-                    delta["content"] = text
-                payload = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
-                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-            else:
-                payload = {"id": rid, "object": "text_completion", "created": created, "model": name,
-                           "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]}
+        def sse(choices: list, usage: dict | None = None, last: bool = False) -> str:
+            payload = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                       "created": created, "model": name, "choices": choices}
+            if with_usage:
+                payload["usage"] = usage if last else None
             return f"data: {json.dumps(payload)}\n\n"
 
-        async def events():
+        def choice(index: int, text: str | None, finish: str | None, first_chunk: bool = False,
+                   reasoning: str = "") -> dict:
+            if kind != "chat":
+                return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+            delta: dict[str, Any] = {}
+            if first_chunk:
+                delta["role"] = "assistant"
+            if reasoning:
+                delta["reasoning_content"] = delta["reasoning"] = reasoning
+            if text:
+                delta["content"] = text
+            return {"index": index, "delta": delta, "finish_reason": finish}
+
+        async def one_choice(index: int, first, agen, final_metrics: list):
+            """This choice's chunks (as ``choices`` entries); its metrics go to ``final_metrics[index]``."""
+            splitter = ReasoningStream(parser) if kind == "chat" else None
+            trim = StopTrimmer([] if body.include_stop_str_in_output else params.get("stop"))
             first_chunk = True
-            try:
-                pending = [first] if first is not None else []
-                while True:
-                    if pending:
-                        c = pending.pop()
-                    else:
-                        try:
-                            c = await agen.__anext__()
-                        except StopAsyncIteration:
-                            break
-                    if c.metrics is not None:
-                        rest = trim.finish(c.metrics.get("finish_reason") == "stop")
-                        reasoning, text = splitter.feed(rest) if splitter is not None else ("", rest)
-                        if splitter is not None:
-                            r2, t2 = splitter.flush()
-                            reasoning, text = reasoning + r2, text + t2
-                        if reasoning or text:
-                            yield chunk(text, None, first_chunk, reasoning)
-                        yield chunk(None if kind == "chat" else "", _finish(c.metrics.get("finish_reason")))
+            pending = [first] if first is not None else []
+            while True:
+                if pending:
+                    c = pending.pop()
+                else:
+                    try:
+                        c = await agen.__anext__()
+                    except StopAsyncIteration:
                         break
-                    piece = trim.feed(c.text)
-                    reasoning, text = splitter.feed(piece) if splitter is not None else ("", piece)
-                    if reasoning or text or first_chunk:
-                        yield chunk(text, None, first_chunk, reasoning)
-                        first_chunk = False
-            except (ServerError, ValueError) as exc:
-                yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
+                if c.metrics is not None:
+                    final_metrics[index] = c.metrics
+                    rest = trim.finish(c.metrics.get("finish_reason") == "stop")
+                    reasoning, text = splitter.feed(rest) if splitter is not None else ("", rest)
+                    if splitter is not None:
+                        r2, t2 = splitter.flush()
+                        reasoning, text = reasoning + r2, text + t2
+                    if reasoning or text:
+                        yield choice(index, text, None, first_chunk, reasoning)
+                    yield choice(index, None if kind == "chat" else "", _finish(c.metrics.get("finish_reason")))
+                    break
+                piece = trim.feed(c.text)
+                reasoning, text = splitter.feed(piece) if splitter is not None else ("", piece)
+                if reasoning or text or first_chunk:
+                    yield choice(index, text, None, first_chunk, reasoning)
+                    first_chunk = False
+
+        async def events():
+            final_metrics: list = [None] * len(agens)
+            queue: asyncio.Queue = asyncio.Queue()
+            done = object()
+
+            async def pump(index: int):
+                try:
+                    async for c in one_choice(index, firsts[index], agens[index], final_metrics):
+                        await queue.put(c)
+                except (ServerError, ValueError) as exc:
+                    await queue.put(exc)
+                finally:
+                    await queue.put(done)
+
+            tasks = [asyncio.ensure_future(pump(i)) for i in range(len(agens))]
+            try:
+                running = len(tasks)
+                while running:
+                    item = await queue.get()
+                    if item is done:
+                        running -= 1
+                    elif isinstance(item, Exception):
+                        yield f"data: {json.dumps({'error': {'message': str(item), 'type': 'server_error'}})}\n\n"
+                    else:
+                        yield sse([item])
+                if with_usage and all(m is not None for m in final_metrics):
+                    yield sse([], _usage(*final_metrics), last=True)
             finally:
-                await agen.aclose()
+                for t in tasks:
+                    t.cancel()
+                for a in agens:
+                    await a.aclose()
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -9,6 +9,7 @@ and every port binds to ``host`` (127.0.0.1 unless told otherwise).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backends.role_tensors import INTERNAL_KEY_ENV
 from .model_repository import render_repository
 
 
@@ -68,6 +70,19 @@ def triton_install() -> tuple[Path, Path]:
     return binary, backends
 
 
+LOG_LEVELS = ("error", "warning", "info", "verbose")
+
+
+def log_flags(level: str, verbose: int = 0) -> list[str]:
+    """tritonserver flags for a log level: messages of that severity and above (``verbose`` adds Triton's verbose
+    log, level ``max(1, verbose)``)."""
+    if level not in LOG_LEVELS:
+        raise ValueError(f"--log-level: one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    rank = LOG_LEVELS.index(level)
+    return ["--log-error", "true", "--log-warning", str(rank >= 1).lower(), "--log-info", str(rank >= 2).lower(),
+            "--log-verbose", str(max(1, verbose) if rank == 3 else verbose)]
+
+
 @dataclass
 class ServerConfig:
     """Ports, bind address and model repository of one server."""
@@ -79,7 +94,9 @@ class ServerConfig:
     metrics_port: int = 8002
     model_control_mode: str = "none"  # or "explicit" (then every model is loaded at start)
     log_verbose: int = 0
+    log_level: str = "info"  # error | warning | info | verbose (Triton's --log-error/--log-warning/--log-info/--log-verbose)
     extra_args: list[str] = field(default_factory=list)
+    guard_role_models: bool = True  # role models answer only the orchestrator's BLS calls (role_tensors.INTERNAL_KEY_ENV)
 
 
 class TritonServer:
@@ -89,8 +106,12 @@ class TritonServer:
         RuntimeError: the server exited or did not become ready within ``ready_timeout_s``.
     """
 
-    def __init__(self, config: ServerConfig, ready_timeout_s: float = 240.0, log_path: str | Path | None = None):
+    def __init__(self, config: ServerConfig, ready_timeout_s: float = 240.0, log_path: str | Path | None = None,
+                 log_to_stderr: bool = False):
+        """``log_path``: append Triton's log (and the models' access log) there; else to this process's stderr when
+        ``log_to_stderr`` (``serve``), else nowhere (library use, tests pass a path)."""
         self.config = config
+        self.log_to_stderr = log_to_stderr
         self.ready_timeout_s = ready_timeout_s
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
@@ -115,7 +136,7 @@ class TritonServer:
             "--http-address", c.host, "--http-port", str(c.http_port),
             "--grpc-address", c.host, "--grpc-port", str(c.grpc_port),
             "--metrics-address", c.host, "--metrics-port", str(c.metrics_port),
-            "--allow-metrics", "true", "--log-verbose", str(c.log_verbose),
+            "--allow-metrics", "true", *log_flags(c.log_level, c.log_verbose),
             "--model-control-mode", c.model_control_mode,
         ]
         if c.model_control_mode == "explicit":
@@ -135,9 +156,12 @@ class TritonServer:
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TRANSFORMERS_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        env.pop(INTERNAL_KEY_ENV, None)
+        if c.guard_role_models:  # a fresh secret per server: only its own processes can call the role models
+            env[INTERNAL_KEY_ENV] = secrets.token_hex(16)
+        out = open(self.log_path, "ab") if self.log_path else (None if self.log_to_stderr else subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=out or sys.stderr.fileno(),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready()
         return self
 
@@ -160,7 +184,7 @@ class TritonServer:
                            + (f" (log: {self.log_path})" if self.log_path else ""))
 
     def engine_dtypes(self) -> dict[str, str]:
-        """``{role: dtype}`` of the role models' engines, read from the ``lr_engine_dtype_info`` metric ({} if the
+        """``{role: dtype}`` of the role models' engines, read from the ``lookahead_engine_dtype_info`` metric ({} if the
         metrics endpoint does not answer)."""
         import re
 
@@ -170,21 +194,33 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return {}
         found = {}
-        for labels in re.findall(r'^lr_engine_dtype_info\{([^}]*)\}', text, re.M):
+        for labels in re.findall(r'^lookahead_engine_dtype_info\{([^}]*)\}', text, re.M):
             kv = dict(re.findall(r'(\w+)="([^"]*)"', labels))
             if "role" in kv and "dtype" in kv:
                 found[kv["role"]] = kv["dtype"]
         return found
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM, then SIGKILL of the whole process group after ``timeout_s`` (Triton's own exit timeout is 30 s;
+        see README, "Known limitation"); then remove the shared-memory segments the server's processes had mapped
+        (a killed Python-backend stub leaves its ``/dev/shm`` region behind)."""
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        owned = shm_segments_of(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # stubs that outlive tritonserver (it was killed, or timed out) go with their process group
             os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.proc.poll() is None:
             self.proc.wait(timeout=10)
+        for path in owned:
+            Path(path).unlink(missing_ok=True)
 
     def __enter__(self) -> "TritonServer":
         return self.start()
@@ -193,9 +229,57 @@ class TritonServer:
         self.stop()
 
 
+OWNER_FILE = "owner.pid"  # in a temporary model repository: the pid of the ``serve`` that made it
+
+
+def _proc_pgrp(stat: str) -> int:
+    """The process group field of a ``/proc/<pid>/stat`` line (after the command name in parentheses)."""
+    return int(stat.rsplit(")", 1)[1].split()[2])
+
+
+def _mapped_shm(pid_dir: Path) -> set[str]:
+    try:
+        maps = (pid_dir / "maps").read_text()
+    except OSError:
+        return set()
+    return {line.split(None, 5)[5].replace(" (deleted)", "").strip() for line in maps.splitlines()
+            if " /dev/shm/" in line}
+
+
+def shm_segments_of(pgid: int) -> set[str]:
+    """``/dev/shm`` files mapped by the processes of process group ``pgid`` (Linux ``/proc``; empty elsewhere)."""
+    out: set[str] = set()
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if _proc_pgrp((d / "stat").read_text()) == pgid:
+                out |= _mapped_shm(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def remove_stale_repositories() -> list[Path]:
+    """Temporary model repositories (``lr-triton-*`` with an :data:`OWNER_FILE`) whose ``serve`` process is gone:
+    what a ``serve`` killed outright left. Returns what it removed. (Shared-memory segments are removed only by
+    their own server's :meth:`TritonServer.stop`, which knows them from its processes' mappings: a segment that no
+    process maps cannot be told apart, from outside, from one a live server will open again.)"""
+    removed: list[Path] = []
+    for repo in Path(tempfile.gettempdir()).glob("lr-triton-*"):
+        try:
+            owner = int((repo / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(repo, ignore_errors=True)
+            removed.append(repo)
+    return removed
+
+
 def prepare_repository(profile_name: str | None, profile_config: str | None, model_repository: str | None,
-                       limits: dict[str, str] | None = None, threads: dict[str, int] | None = None) -> Path:
+                       limits: dict[str, str] | None = None, threads: dict[str, int] | None = None,
+                       reasoning_parser: str | None = None) -> Path:
     """Render the repository for a profile (into ``model_repository`` or a fresh temporary folder).
+    ``reasoning_parser`` overrides the profile's (what the OpenAI front splits answers with).
 
     Threads: one torch thread per role model process by default, so draft, target and judge together do not
     oversubscribe a 2-core machine.
@@ -205,10 +289,12 @@ def prepare_repository(profile_name: str | None, profile_config: str | None, mod
     profile = load_profile(profile_name, profile_config)
     roles = tuple(r for r in ("draft", "target", "judge") if getattr(profile, r) is not None)
     out = Path(model_repository) if model_repository else Path(tempfile.mkdtemp(prefix="lr-triton-"))
+    if not model_repository:  # a temporary repository: who owns it (see remove_stale_repositories)
+        (out / OWNER_FILE).write_text(str(os.getpid()))
     threads = threads or {r: getattr(profile, r).num_threads or 1 for r in roles}
     cfg = str(Path(profile_config).resolve()) if profile_config else None
     # the OpenAI-compatible front reads the reasoning parser from the model configuration (GET .../config)
-    limits = {**(limits or {}), "reasoning_parser": profile.reasoning_parser}
+    limits = {**(limits or {}), "reasoning_parser": reasoning_parser or profile.reasoning_parser}
     return render_repository(out, profile.name, cfg, roles, threads, limits)
 
 
@@ -235,7 +321,13 @@ def serve_forever(server: TritonServer, openai_port: int | None = None) -> int:
             print(f"OpenAI-compatible front: http://{server.config.host}:{openai_port}/v1", flush=True)
         while not stop["flag"] and server.proc.poll() is None:
             time.sleep(0.2)
-        return 0 if stop["flag"] else 1
+        if stop["flag"]:
+            return 0
+        rc = server.proc.returncode
+        why = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+        where = f"its log: {server.log_path}" if server.log_path else "its log is above"
+        print(f"tritonserver stopped on its own ({why}); {where}", file=sys.stderr, flush=True)
+        return 1
     finally:
         if front is not None:
             front.stop()

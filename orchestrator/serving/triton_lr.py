@@ -12,21 +12,20 @@ Limits (model parameters): ``max_tokens_limit`` (largest ``max_tokens`` accepted
 for BLS calls to the role models, so the most role-model calls in flight at once), ``call_timeout_s`` (per BLS
 call, enforced by Triton), ``judge_timeout_s`` / ``draft_timeout_s`` / ``target_timeout_s`` (per call of that
 role, enforced by the loop: a slow judge rejects the drafts, a slow draft turns the request target-only, a slow
-target is an error). Custom metrics (``pb_utils.MetricFamily``, Triton's metrics port): ``lr_requests_total``,
-``lr_steps_total{source}``, ``lr_cycles_total``, ``lr_verified_steps_total``, ``lr_accepted_steps_total``,
-``lr_judge_fallbacks_total``, ``lr_draft_failures_total``, ``lr_acceptance_rate`` (cumulative, per mode),
-``lr_requests_cancelled_total``, ``lr_requests_in_flight``.
+target is an error). Prometheus metrics (Triton's metrics port): :mod:`.server_metrics`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..request import FIELDS, TRITON_INPUTS, Limits, RequestError, front_error, parse_request
+from .server_metrics import ServerMetrics, error_reason
 from .triton_role import load_model_profile, model_parameters
 
 # Request parameters Triton itself defines (inference protocol); any other parameter is a misspelt input.
@@ -106,53 +105,13 @@ class LookaheadReasoningModel:
                     if float(params.get(k) or 0) > 0}
         defaults = p.options.model_copy(update=timeouts) if timeouts else p.options
         self.profile = p.model_copy(update={"options": defaults})
-        self.reasoner = LookaheadReasoner(target, draft, judge, defaults=defaults)
+        self.reasoner = LookaheadReasoner(target, draft, judge, defaults=defaults, judges=p.served_judges())
         self.limits = Limits(max_tokens=int(params.get("max_tokens_limit") or 4096),
                              max_prompt_bytes=int(params.get("max_prompt_bytes") or 65536),
                              max_gamma=p.max_gamma_cap)
         self.max_concurrency = int(params.get("max_concurrency") or 256)
         self.active = 0
-        self._metrics()
-
-    def _metrics(self) -> None:
-        pb = self.pb
-        counter, gauge = pb.MetricFamily.COUNTER, pb.MetricFamily.GAUGE
-        fam = {
-            "requests": pb.MetricFamily("lr_requests_total", "Lookahead Reasoning requests completed", counter),
-            "steps": pb.MetricFamily("lr_steps_total", "output steps by the model that wrote them", counter),
-            "cycles": pb.MetricFamily("lr_cycles_total", "speculation cycles", counter),
-            "verified": pb.MetricFamily("lr_verified_steps_total", "drafted steps the judge saw", counter),
-            "accepted": pb.MetricFamily("lr_accepted_steps_total", "drafted steps accepted", counter),
-            "fallbacks": pb.MetricFamily("lr_judge_fallbacks_total", "judge failures or timeouts", counter),
-            "draft_failures": pb.MetricFamily("lr_draft_failures_total", "draft failures (target-only)", counter),
-            "acceptance": pb.MetricFamily("lr_acceptance_rate", "cumulative step acceptance rate", gauge),
-            "cancelled": pb.MetricFamily("lr_requests_cancelled_total", "requests cancelled by the client", counter),
-            "in_flight": pb.MetricFamily("lr_requests_in_flight", "requests being served", gauge),
-        }
-        self._fam = fam
-        self._metric_cache: dict[tuple, object] = {}
-        self._totals: dict[str, list[int]] = {}
-
-    def _metric(self, key: str, **labels):
-        k = (key, tuple(sorted(labels.items())))
-        if k not in self._metric_cache:
-            self._metric_cache[k] = self._fam[key].Metric(labels=labels)
-        return self._metric_cache[k]
-
-    def _record(self, mode: str, m) -> None:
-        self._metric("requests", mode=mode).increment(1)
-        self._metric("steps", mode=mode, source="draft").increment(m.steps - m.target_steps)
-        self._metric("steps", mode=mode, source="target").increment(m.target_steps)
-        self._metric("cycles", mode=mode).increment(m.cycles)
-        self._metric("verified", mode=mode).increment(m.verified_steps)
-        self._metric("accepted", mode=mode).increment(m.accepted_steps)
-        self._metric("fallbacks", mode=mode).increment(m.fallbacks)
-        self._metric("draft_failures", mode=mode).increment(m.draft_failures)
-        tot = self._totals.setdefault(mode, [0, 0])
-        tot[0] += m.accepted_steps
-        tot[1] += m.verified_steps
-        if tot[1]:
-            self._metric("acceptance", mode=mode).set(tot[0] / tot[1])
+        self.metrics = ServerMetrics(pb_utils, self.limits.max_gamma or 8)
 
     async def execute(self, requests):
         # Requests run side by side; their BLS calls run in ``self.pool`` (TritonBLSEngine says why not
@@ -170,16 +129,19 @@ class LookaheadReasoningModel:
     async def _one(self, request) -> None:
         from ..lookahead import LRResult
 
-        pb = self.pb
+        pb, metrics = self.pb, self.metrics
+        t0 = time.perf_counter()
         sender = request.get_response_sender()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if self.active >= self.max_concurrency:
+            metrics.add("lookahead_request_errors_total", reason="busy")
+            self._access(f"status=error reason=busy in_flight={self.active}")
             sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(
-                f"server busy: {self.active} requests in flight (max_concurrency {self.max_concurrency})")),
-                flags=final)
+                f"server busy: {self.active} requests in flight (max_concurrency {self.max_concurrency})",
+                pb.TritonError.UNAVAILABLE)), flags=final)
             return
         self.active += 1
-        self._metric("in_flight").set(self.active)
+        metrics.set("lookahead_requests_in_flight", self.active)
         try:
             def get(name):
                 t = pb.get_input_tensor_by_name(request, name)
@@ -190,32 +152,60 @@ class LookaheadReasoningModel:
             if unknown:
                 raise ValueError(f"{unknown[0]}: unknown input (inputs: {', '.join(TRITON_INPUTS)})")
             req, opts = parse_request(decode_inputs(get), self.profile.options, self.limits)
-            stream = req.stream
-            gen = self.reasoner.stream(req.prompt, req.chat(), opts)
-            result = None
+            stream, mode = req.stream, opts.mode
+            gen = self.reasoner.stream(req.prompt, req.chat(), opts, checked=True)  # parse_request checked it
+            result, last_step = None, None
             try:
                 async for event in gen:
                     if request.is_cancelled():
-                        self._metric("cancelled", mode=opts.mode).increment(1)
+                        metrics.add("lookahead_requests_cancelled_total", mode=mode)
                         sender.send(flags=final)
                         return
                     if isinstance(event, LRResult):
                         result = event
-                    elif stream:
+                        continue
+                    now = time.perf_counter()
+                    if last_step is None:
+                        metrics.observe("lookahead_time_to_first_step_seconds", now - t0, mode=mode)
+                        if stream:
+                            metrics.observe("lookahead_time_to_first_token_seconds", now - t0, mode=mode)
+                    else:
+                        metrics.observe("lookahead_step_latency_seconds", now - last_step, mode=mode)
+                    last_step = now
+                    if stream:
                         info = {"step_tokens": event.token_count, "source": event.source, "depth": event.depth}
                         sender.send(self._response(event.text, json.dumps(info)))
             finally:
                 await gen.aclose()
-            metrics = result.metrics.to_dict()
-            metrics["finish_reason"] = result.finish_reason
-            self._record(opts.mode, result.metrics)
-            sender.send(self._response("" if stream else result.text, json.dumps(metrics)), flags=final)
+            out = result.metrics.to_dict()
+            out["finish_reason"] = result.finish_reason
+            metrics.record_request(mode, result.metrics)
+            sender.send(self._response("" if stream else result.text, json.dumps(out)), flags=final)
+            e2e = time.perf_counter() - t0
+            if not stream:
+                metrics.observe("lookahead_time_to_first_token_seconds", e2e, mode=mode)
+            metrics.observe("lookahead_e2e_request_latency_seconds", e2e, mode=mode)
+            m = result.metrics
+            acc = "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
+            self._access(f"status=ok mode={mode} stream={str(stream).lower()} finish={result.finish_reason} "
+                         f"prompt_tokens={m.prompt_tokens} generated_tokens={m.generated_tokens} steps={m.steps} "
+                         f"cycles={m.cycles} acceptance={acc} ttft_s={(m.ttft_seconds or 0):.3f} e2e_s={e2e:.3f}")
         except Exception as exc:  # noqa: BLE001 - a bad request gets an error response; the server stays up
-            msg = front_error(exc, "triton") if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg)), flags=final)
+            reason = error_reason(exc)
+            metrics.add("lookahead_request_errors_total", reason=reason)
+            self._access(f"status=error reason={reason} e2e_s={time.perf_counter() - t0:.3f} "
+                         f"message={json.dumps(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}")
+            bad = isinstance(exc, ValueError)  # a bad request: HTTP 400 / gRPC INVALID_ARGUMENT; else 500 / INTERNAL
+            msg = front_error(exc, "triton") if bad else f"{type(exc).__name__}: {exc}"
+            code = pb.TritonError.INVALID_ARG if bad else pb.TritonError.INTERNAL
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg, code)), flags=final)
         finally:
             self.active -= 1
-            self._metric("in_flight").set(self.active)
+            metrics.set("lookahead_requests_in_flight", self.active)
+
+    def _access(self, line: str) -> None:
+        """One access-log line per request, in Triton's log at INFO (``pb_utils.Logger``)."""
+        self.pb.Logger.log_info(f"lookahead_reasoning request: {line}")
 
     def finalize(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..backends.role_tensors import arrays_to_requests, results_to_arrays
+from ..backends.role_tensors import arrays_to_requests, is_internal, results_to_arrays
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -55,10 +55,10 @@ class RoleModel:
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         # Keep the families referenced: the Python backend unregisters a family when its object is freed.
         self._families = [
-            pb_utils.MetricFamily("lr_engine_active_sequences", "sequences queued or running in the role's engine", gauge),
-            pb_utils.MetricFamily("lr_engine_prefix_cache_bytes", "bytes held by the role's prefix KV cache", gauge),
-            pb_utils.MetricFamily("lr_engine_cancelled_total", "engine calls cancelled by their caller", counter),
-            pb_utils.MetricFamily("lr_engine_dtype_info", "1, labelled with the dtype the role's engine runs in", gauge),
+            pb_utils.MetricFamily("lookahead_engine_active_sequences", "sequences queued or running in the role's engine", gauge),
+            pb_utils.MetricFamily("lookahead_engine_prefix_cache_bytes", "bytes held by the role's prefix KV cache", gauge),
+            pb_utils.MetricFamily("lookahead_engine_cancelled_total", "engine calls cancelled by their caller", counter),
+            pb_utils.MetricFamily("lookahead_engine_dtype_info", "1, labelled with the dtype the role's engine runs in", gauge),
         ]
         self._active, self._cache_bytes, self._cancelled = (f.Metric(labels=labels) for f in self._families[:3])
         self._families[3].Metric(labels={**labels, "dtype": engine_dtype(self.engine)}).set(1)
@@ -84,6 +84,11 @@ class RoleModel:
         pb = self.pb
         sender = request.get_response_sender()
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if not is_internal(request.parameters()):
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(
+                f"{self.role}: internal model of the lookahead_reasoning model; send requests to lookahead_reasoning "
+                "(serve --open-role-models opens the role models)", pb.TritonError.UNAVAILABLE)), flags=final)
+            return
         try:
             def get(name):
                 t = pb.get_input_tensor_by_name(request, name)
@@ -108,8 +113,10 @@ class RoleModel:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error response; the model stays up
             from ..errors import one_line
 
-            msg = one_line(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg)), flags=final)
+            bad = isinstance(exc, ValueError)
+            msg = one_line(exc) if bad else f"{type(exc).__name__}: {exc}"
+            code = pb.TritonError.INVALID_ARG if bad else pb.TritonError.INTERNAL
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg, code)), flags=final)
 
     def finalize(self) -> None:
         self.engine.close()
