@@ -108,8 +108,7 @@ def main(argv=None) -> int:
             "steps_per_cycle": r.totals.steps_per_cycle, "steps_per_answer": r.steps_per_answer,
             "tokens": r.tokens, "seconds": r.seconds, "judge_fallbacks": r.totals.fallbacks,
             "cycle": cycle_profile(r.totals, ar.totals, cost) if ar is not None else None,
-            "per_item": {"index": [i for i, _, _ in r.per_item], "generated_tokens": [t for _, t, _ in r.per_item],
-                         "seconds": [s for _, _, s in r.per_item]},
+            "solved_vs_ar": r.solved_changes(ar), "per_item": r.per_item_json(),
         })
     measurement = measurement_block(
         load_start, warmup_requests_per_mode=WARMUP_REQUESTS,
@@ -168,13 +167,17 @@ def markdown(doc: dict) -> str:
                   f"{f(meas.get('load_avg_1min_start'))} at start, {f(meas.get('load_avg_1min_end'))} at end "
                   f"(includes this run), {meas.get('cpu_count')} cores.", ""]
     lines += [
-             "| run | accuracy | tok/s | speedup vs ar | acceptance | estimate | measured/estimate | i.i.d. estimate | "
-             "bound (free draft and judge) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| run | accuracy | solved vs ar: lost / gained | tok/s | speedup vs ar | acceptance | by depth 0-3 | "
+             "estimate | measured/estimate | i.i.d. estimate | bound (free draft and judge) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         acc = f"{100 * r['accuracy']:.1f}% ± {100 * r['accuracy_stderr']:.1f}" if r["accuracy"] is not None else "n/a"
-        lines.append(f"| {r['run']} | {acc} | {f(r['tokens_per_s'], 1)} | "
-                     f"{format_speedup(r['speedup_vs_ar'], r.get('speedup_vs_ar_ci95'))} | "
-                     f"{f(r['acceptance_rate'])} | {f(r['speedup_estimate'])} | {f(r['measured_over_estimate'])} | "
+        sv = r.get("solved_vs_ar")
+        solved = f"{sv['lost']} / {sv['gained']}" if sv else "n/a"
+        depth = " / ".join(f(a) for a in (r.get("acceptance_by_depth") or [])[:4]) or "n/a"
+        lines.append(f"| {r['run']} | {acc} | {solved} | "
+                     f"{f(r['tokens_per_s'], 1)} | {format_speedup(r['speedup_vs_ar'], r.get('speedup_vs_ar_ci95'))} | "
+                     f"{f(r['acceptance_rate'])} | {depth} | {f(r['speedup_estimate'])} | {f(r['measured_over_estimate'])} | "
                      f"{f(r['speedup_estimate_iid'])} | {f(r['bound_free_draft_and_judge'])} |")
     name = f"lr+sd sync [{doc['judge']}]"
     sweep = sorted((r for r in doc["runs"] if r["run"].split(" gamma=")[0] == name), key=lambda r: r["gamma"] or 0)

@@ -70,14 +70,6 @@ def log(msg: str) -> None:
     tqdm.write(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr)
 
 
-def derive_seed(seed: int, *tags: object) -> int:
-    """A sub-seed for one purpose (deterministic; never one of the reserved evaluation seeds)."""
-    h = hashlib.sha256(":".join([str(seed), *map(str, tags)]).encode()).digest()
-    s = int.from_bytes(h[:4], "little") % 1_000_000_000
-    assert not syn.is_reserved_seed(s)
-    return s
-
-
 def pick_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -113,7 +105,7 @@ class Question:
 def question_pool(args) -> list[Question]:
     """GSM8K train questions and generated problems, interleaved in a seeded order (the generation budget
     decides how many are used, so every prefix of the pool has the same mix)."""
-    rng = random.Random(derive_seed(args.seed, "pool"))
+    rng = random.Random(syn.derive_seed(args.seed, "pool"))
     gsm = []
     if GSM8K_TRAIN.exists():
         with GSM8K_TRAIN.open() as f:
@@ -130,7 +122,7 @@ def question_pool(args) -> list[Question]:
     levels = (1, 2, 3, 4)
     per = -(-n_syn // len(levels))
     for d in levels:
-        for k, p in enumerate(syn.generate_problems(per, derive_seed(args.seed, "synthetic", d), difficulty=d)):
+        for k, p in enumerate(syn.generate_problems(per, syn.derive_seed(args.seed, "synthetic", d), difficulty=d)):
             syn_qs.append((f"synthetic-d{d}-{k}", p.question))
     rng.shuffle(syn_qs)
     syn_qs = syn_qs[:n_syn]
@@ -259,7 +251,7 @@ def build_draft(args, target_dir: Path):
         tie_word_embeddings=True, bos_token_id=tcfg.get("bos_token_id"), eos_token_id=tcfg.get("eos_token_id"),
         pad_token_id=tcfg.get("pad_token_id"), initializer_range=0.02,
     )
-    torch.manual_seed(derive_seed(args.seed, "init"))
+    torch.manual_seed(syn.derive_seed(args.seed, "init"))
     model = LlamaForCausalLM(cfg)
     with safe_open(str(target_dir / "model.safetensors"), "pt") as f:
         key = next(k for k in f.keys() if k.endswith("embed_tokens.weight"))
@@ -395,7 +387,7 @@ def stage_train(args, target_dir: Path, device: str) -> dict:
     bar = tqdm(total=args.train_steps, initial=step, desc="train", unit="step", file=sys.stderr)
     done = False
     while not done:
-        batches = make_batches(train_ex, args.tokens_per_batch, random.Random(derive_seed(args.seed, "epoch", epoch)))
+        batches = make_batches(train_ex, args.tokens_per_batch, random.Random(syn.derive_seed(args.seed, "epoch", epoch)))
         while batch_index < len(batches):
             elapsed = time.perf_counter() - t_start
             progress = max(step / args.train_steps, elapsed / budget)
@@ -519,7 +511,7 @@ def stage_eval(args, target_dir: Path, device: str) -> dict:
 
     rows = load_corpus(Path(args.work) / "corpus.jsonl")
     _, held = split_corpus(rows, args)
-    rng = random.Random(derive_seed(args.seed, "eval"))
+    rng = random.Random(syn.derive_seed(args.seed, "eval"))
     held = [r for r in held if r["output_ids"]]
     rng.shuffle(held)
     held = held[: args.eval_answers]

@@ -27,7 +27,6 @@ where batch 32 was at 2.09 at the same wall time (RESULTS.md, issue 19).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -123,14 +122,6 @@ class TrainBudget:
     warmup_steps: int = 100
 
 
-def derive_seed(seed: int, *tags: object) -> int:
-    """A sub-seed for one purpose (deterministic; never one of the reserved held-out seeds)."""
-    h = hashlib.sha256(":".join([str(seed), *map(str, tags)]).encode()).digest()
-    s = int.from_bytes(h[:4], "little") % 1_000_000_000
-    assert not syn.is_reserved_seed(s)
-    return s
-
-
 # ----------------------------------------------------------------------------------------------------
 # Tokenizer
 
@@ -147,9 +138,9 @@ def tokenizer_corpus(seed: int, quick: bool, style: str) -> tuple[list[str], lis
     n = 300 if quick else 3000
     task: list[str] = []
     for d in syn.DIFFICULTIES:
-        for p in syn.generate_problems(n, derive_seed(seed, "tok", d), d, style):
+        for p in syn.generate_problems(n, syn.derive_seed(seed, "tok", d), d, style):
             task += [p.question, p.solution]
-    for a, b, _ in syn.generate_step_pairs(n, derive_seed(seed, "tok-pairs"), style=style):
+    for a, b, _ in syn.generate_step_pairs(n, syn.derive_seed(seed, "tok-pairs"), style=style):
         task += [judge_user_message(a, b), f"user\nassistant\n[{ALIGNED}] [{UNALIGNED}]"]
     other: list[str] = []
     if GSM8K_TRAIN.exists():
@@ -367,7 +358,7 @@ def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: 
         rows = []
         for i in range(batch_size * chunk_batches):
             d = rng.choices(levels, weights)[0]
-            p = syn.generate_problems(1, derive_seed(seed, "train", chunk, i), d, style)[0]
+            p = syn.generate_problems(1, syn.derive_seed(seed, "train", chunk, i), d, style)[0]
             rows.append(lm_example(tok, p, eos_id))
         rows.sort(key=lambda r: len(r[0]))
         batches = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
@@ -1100,7 +1091,7 @@ tokens/s counts all sequences of the batch. Measured on: {m['processor']}, {m['c
 
 
 def dev_solve_eval(model, tok, n: int, seed: int) -> Callable[[], str]:
-    probs = syn.generate_problems(n, derive_seed(seed, "dev"), syn.DEFAULT_DIFFICULTY, tokenizer_style(tok))
+    probs = syn.generate_problems(n, syn.derive_seed(seed, "dev"), syn.DEFAULT_DIFFICULTY, tokenizer_style(tok))
 
     def run() -> str:
         acc, _ = accuracy(solve(model, tok, probs), [p.answer for p in probs])
@@ -1184,13 +1175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             tqdm.write("== target")
             if args.target_init and "target" in training:  # a continuation: keep the earlier stages' facts
                 training.setdefault("target_earlier_stages", []).append(training.pop("target"))
-            target = make_model(TARGET_SPEC, tok, derive_seed(args.seed, "init-target"))
+            target = make_model(TARGET_SPEC, tok, syn.derive_seed(args.seed, "init-target"))
             if args.target_init:
                 target.load_state_dict(load_checkpoint(args.target_init)[0].state_dict())
                 tqdm.write(f"   continuing from {args.target_init}")
             tqdm.write(f"   {n_params(target):,} parameters")
             b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size)
-            training["target"] = train_lm(target, problem_batches(tok, derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size, args.style),
+            training["target"] = train_lm(target, problem_batches(tok, syn.derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size, args.style),
                                           b, device, "target", dev_solve_eval(target, tok, 48 if not args.quick else 8, args.seed),
                                           dev_every_steps=args.dev_every_steps)
             save_checkpoint(target, tok, out / "target")
@@ -1198,10 +1189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if "draft" in parts:
             tqdm.write("== draft")
-            draft = make_model(DRAFT_SPEC, tok, derive_seed(args.seed, "init-draft"))
+            draft = make_model(DRAFT_SPEC, tok, syn.derive_seed(args.seed, "init-draft"))
             tqdm.write(f"   {n_params(draft):,} parameters ({n_params(draft) / n_params(target):.3f} of the target)")
             b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size)
-            training["draft"] = train_lm(draft, problem_batches(tok, derive_seed(args.seed, "data-draft"), b.batch_size, args.style),
+            training["draft"] = train_lm(draft, problem_batches(tok, syn.derive_seed(args.seed, "data-draft"), b.batch_size, args.style),
                                          b, device, "draft", dev_solve_eval(draft, tok, 48 if not args.quick else 8, args.seed),
                                          dev_every_steps=args.dev_every_steps)
             save_checkpoint(draft, tok, out / "draft")
@@ -1252,12 +1243,12 @@ def init_from(small, big) -> None:
 def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     """Build judge data (synthetic + real draft/target pairs), train, save. Returns training facts."""
     n_syn = 400 if args.quick else 60000
-    syn_pairs = syn.generate_step_pairs(n_syn, derive_seed(args.seed, "judge-pairs"), style=args.style)
+    syn_pairs = syn.generate_step_pairs(n_syn, syn.derive_seed(args.seed, "judge-pairs"), style=args.style)
     ex = judge_examples(tok, syn_pairs, "synthetic")
     # real pairs from training-distribution problems (never the evaluation seed)
     levels, weights = zip(*DIFFICULTY_MIX.items())
-    rng = random.Random(derive_seed(args.seed, "judge-real"))
-    probs = [syn.generate_problems(1, derive_seed(args.seed, "judge-real", i), rng.choices(levels, weights)[0], args.style)[0]
+    rng = random.Random(syn.derive_seed(args.seed, "judge-real"))
+    probs = [syn.generate_problems(1, syn.derive_seed(args.seed, "judge-real", i), rng.choices(levels, weights)[0], args.style)[0]
              for i in range(args.judge_real_problems)]
     rows = real_pairs(target.eval(), draft.eval(), tok, probs, desc="judge data") if probs else []
     real = [(r["target"], r["draft"], r["semantic"]) for r in rows]
@@ -1265,7 +1256,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     ex_real = judge_examples(tok, real + real_neg * 2, "real")
     tqdm.write(f"   {len(ex)} synthetic pairs, {len(real)} real pairs ({len(real_neg)} not equivalent, x3)")
     ex = ex + ex_real
-    judge = make_model(JUDGE_SPEC, tok, derive_seed(args.seed, "init-judge"))
+    judge = make_model(JUDGE_SPEC, tok, syn.derive_seed(args.seed, "init-judge"))
     continued = args.judge_init not in ("target", "scratch")
     if args.judge_init == "target":
         init_from(judge, target)
@@ -1275,13 +1266,13 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     prefix_len = judge_prefix_len(tok)
     pad_id = tok.convert_tokens_to_ids(PAD)
     b = TrainBudget(args.judge_steps, args.judge_minutes, args.judge_lr, args.batch_size * 2, warmup_steps=100)
-    dev_pairs = syn.generate_step_pairs(300, derive_seed(args.seed, "judge-dev"), style=args.style)
+    dev_pairs = syn.generate_step_pairs(300, syn.derive_seed(args.seed, "judge-dev"), style=args.style)
 
     def dev() -> str:
         m = binary_metrics(judge_verdicts(judge, tok, [(a, c) for a, c, _ in dev_pairs]), [y for *_, y in dev_pairs])
         return f"dev precision {m['precision']:.3f} recall {m['recall']:.3f} acc {m['accuracy']:.3f}"
 
-    facts = train_lm(judge, judge_batches(ex, derive_seed(args.seed, "judge-order", *(["continued"] if continued else [])), b.batch_size, prefix_len, pad_id,
+    facts = train_lm(judge, judge_batches(ex, syn.derive_seed(args.seed, "judge-order", *(["continued"] if continued else [])), b.batch_size, prefix_len, pad_id,
                                           args.judge_neg_weight),
                      b, device, "judge", dev, dev_every_s=120.0, loss_fn=judge_loss_fn(device))
     facts["examples"] = len(ex)

@@ -50,8 +50,34 @@ ENDPOINTS = ("triton-grpc", "triton-http", "openai-chat", "openai-completions")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 _SLO_ALIASES = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2el_ms": "e2e_ms", "e2e": "e2e_ms"}
 
-#: ``send(item, mode)`` streams ``(text_piece, token_count)`` (optionally a third element: a metrics dict).
+#: ``send(item, run)`` streams ``(text_piece, token_count)`` (optionally a third element: a metrics dict); ``run``
+#: is a mode, or ``MODE:VARIANT`` (:data:`RUN_VARIANTS`).
 SendFn = Callable[[EvalItem, str], AsyncIterator[tuple]]
+
+#: Request fields a run variant adds to its mode's requests (``--modes ar,lr+sd,lr+sd:adaptive``).
+RUN_VARIANTS: dict[str, dict] = {"adaptive": {"adaptive_gamma": True}}
+
+
+def parse_runs(text: str) -> list[str]:
+    """``--modes`` of ``bench``: modes, each optionally ``:VARIANT`` (:data:`RUN_VARIANTS`; only the step-speculating
+    modes ``lr`` and ``lr+sd`` have one). ``ValueError`` names ``--modes``."""
+    from .lookahead import parse_modes
+
+    runs = [r.strip() for r in str(text).split(",") if r.strip()]
+    parse_modes(",".join(r.partition(":")[0] for r in runs))
+    for r in runs:
+        mode, colon, variant = r.partition(":")
+        if colon and (variant not in RUN_VARIANTS or mode not in ("lr", "lr+sd")):
+            raise ValueError(f"--modes: {r!r}: a variant is one of {sorted(RUN_VARIANTS)} after lr or lr+sd")
+    if len(set(runs)) != len(runs):
+        raise ValueError("--modes: a run is listed twice")
+    return runs
+
+
+def run_request(run: str) -> tuple[str, dict]:
+    """``(mode, extra request fields)`` of a run name (see :func:`parse_runs`)."""
+    mode, _, variant = run.partition(":")
+    return mode, dict(RUN_VARIANTS.get(variant, {}))
 
 
 @dataclass
@@ -368,7 +394,9 @@ def register(subparsers) -> None:
     load.add_argument("--concurrency", help="closed loop: comma-separated in-flight levels, e.g. 1,4,16")
     load.add_argument("--request-rate", help="open loop: Poisson arrivals, requests/s (comma-separated list)")
     b.add_argument("--requests", type=int, default=64, help="requests per mode and load point")
-    b.add_argument("--modes", default="ar,lr+sd", help="comma-separated modes, run side by side")
+    b.add_argument("--modes", default="ar,lr+sd",
+                   help="comma-separated modes, run side by side; lr:adaptive / lr+sd:adaptive run that mode with "
+                        "adaptive gamma")
     b.add_argument("--slo", default=None, help="ttft_ms=X,tpot_ms=Y,e2e_ms=Z (goodput counts requests meeting all)")
     b.add_argument("--max-tokens", type=int, default=None, help="new-token budget per request")
     b.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
@@ -384,9 +412,7 @@ def register(subparsers) -> None:
 
 def config_from_args(args) -> BenchConfig:
     """Validate the ``bench`` flags (``ValueError`` naming the flag)."""
-    from .lookahead import parse_modes
-
-    modes = parse_modes(args.modes)
+    modes = parse_runs(args.modes)
     if args.requests <= 0:
         raise ValueError("--requests: must be > 0")
     if args.max_tokens is not None and args.max_tokens <= 0:
@@ -404,9 +430,10 @@ def client_send(client, **params) -> SendFn:
     yielding chunks with ``.text``, ``.token_count`` and, on the last, ``.metrics``). Items are sent in their
     plain form when they have one (the server applies its model's chat template), else as chat messages."""
 
-    async def send(item: EvalItem, mode: str):
+    async def send(item: EvalItem, run: str):
         prompt, messages = item.request(chat=item.prompt is None)
-        async for ch in client.stream(prompt=prompt, messages=messages, mode=mode, **params):
+        mode, extra = run_request(run)
+        async for ch in client.stream(prompt=prompt, messages=messages, mode=mode, **extra, **params):
             yield ch.text or "", int(ch.token_count or 0), getattr(ch, "metrics", None)
 
     return send
@@ -418,12 +445,13 @@ def openai_send(client, model: str, chat: bool, **params) -> SendFn:
     response carries the usage as ``{"prompt_tokens", "generated_tokens"}``. ``mode`` goes in the body as an
     extension (servers other than ours ignore it)."""
 
-    async def send(item: EvalItem, mode: str):
+    async def send(item: EvalItem, run: str):
         prompt, messages = item.request(chat=chat)
         if chat and messages is None:  # a plain item: one user message (as the Triton endpoints send it)
             messages = [{"role": "user", "content": prompt}]
+        mode, extra = run_request(run)
         common = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                  "extra_body": {"mode": mode}, **params}
+                  "extra_body": {"mode": mode, **extra}, **params}
         if chat:
             stream = await client.chat.completions.create(messages=messages, **common)
         else:

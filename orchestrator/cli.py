@@ -234,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-port", type=int, default=8001, help="Triton gRPC port (streaming)")
     s.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
     s.add_argument("--openai-port", type=int, default=None, help="also serve the OpenAI-compatible front here")
-    s.add_argument("--model-control-mode", choices=("none", "explicit"), default="none",
-                   help="Triton's model control mode (explicit: models can be loaded and unloaded by API)")
+    s.add_argument("--model-control-mode", choices=("none", "explicit"), default="explicit",
+                   help="Triton's model control mode: explicit loads every model at start, lets the API load and "
+                        "unload them, and lets serve reload a model whose process died; none: neither")
     s.add_argument("--reasoning-parser", choices=get_args(ReasoningParser), default=None,
                    help="split <think> traces from answers on the OpenAI front, as vLLM's --reasoning-parser "
                         "(default: the profile's)")

@@ -75,6 +75,7 @@ class ModeReport:
     delimiter: str = "\n\n"  # the step delimiter answers are split by (steps_per_answer)
     reasoning_parser: str = "qwen3"  # how the final answer is told from the reasoning when grading
     answer_steps: int = 0  # steps in the graded (last-turn) answers, summed
+    item_correct: dict[int, bool] = field(default_factory=dict)  # item index -> graded correct (graded items only)
 
     @property
     def steps_per_answer(self) -> float | None:
@@ -124,6 +125,22 @@ class ModeReport:
     def speedup_vs(self, ar: "ModeReport | None") -> float | None:
         """This run's output tokens/s over ``ar``'s (dimensionless); None without ``ar`` or if it made none."""
         return self.tokens_per_s / ar.tokens_per_s if ar is not None and ar.tokens_per_s else None
+
+    def solved_changes(self, ar: "ModeReport | None") -> dict[str, int] | None:
+        """``{"lost", "gained"}``: items graded in both runs that ``ar`` answered correctly and this run did not, and
+        the reverse (paired by item index); None without ``ar``."""
+        if ar is None:
+            return None
+        both = [(ok, ar.item_correct[i]) for i, ok in self.item_correct.items() if i in ar.item_correct]
+        return {"lost": sum(theirs and not ok for ok, theirs in both),
+                "gained": sum(ok and not theirs for ok, theirs in both)}
+
+    def per_item_json(self) -> dict[str, list]:
+        """``{"index", "generated_tokens", "seconds", "correct"}``: lists, one entry per measured item (``correct``
+        None where the item was not graded)."""
+        return {"index": [i for i, _, _ in self.per_item], "generated_tokens": [t for _, t, _ in self.per_item],
+                "seconds": [s for _, _, s in self.per_item],
+                "correct": [self.item_correct.get(i) for i, _, _ in self.per_item]}
 
     def speedup_ci(self, ar: "ModeReport | None", resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                    level: float = 0.95) -> list[float] | None:
@@ -264,6 +281,7 @@ def _record(rep: ModeReport, index: int, item: EvalItem, results: list, keep_out
     if ok is not None:
         rep.graded += 1
         rep.correct += int(ok)
+        rep.item_correct[index] = bool(ok)
     if keep_outputs:
         texts = [r.text for r in results]
         rep.outputs.append({"id": item.id, "text": texts if item.turns else texts[0], "correct": ok})
@@ -384,8 +402,8 @@ def run_gamma_sweep(reasoner: LookaheadReasoner, items: Sequence[EvalItem], mode
 def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None = None) -> dict:
     """The ``--out`` document: ``{"dataset", "n", "modes": {MODE: {...}}}`` plus ``extra``. Per mode, among
     others: ``speedup_vs_ar`` (tokens/s over ``ar``'s), ``speedup_vs_ar_ci95`` (``[lo, hi]``,
-    :meth:`ModeReport.speedup_ci`) and ``per_item`` (``{"index", "generated_tokens", "seconds"}``: lists, one
-    entry per measured item)."""
+    :meth:`ModeReport.speedup_ci`), ``solved_vs_ar`` (:meth:`ModeReport.solved_changes`) and ``per_item``
+    (:meth:`ModeReport.per_item_json`)."""
     ar = reports.get("ar")
     modes = {}
     for mode, r in reports.items():
@@ -406,8 +424,8 @@ def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None
             "judge_fallbacks": r.totals.fallbacks,
             "skipped_too_long": r.skipped,
             "turns": r.turns,
-            "per_item": {"index": [i for i, _, _ in r.per_item], "generated_tokens": [t for _, t, _ in r.per_item],
-                         "seconds": [s for _, _, s in r.per_item]},
+            "solved_vs_ar": r.solved_changes(ar),
+            "per_item": r.per_item_json(),
         }
         if r.outputs:
             modes[mode]["outputs"] = r.outputs

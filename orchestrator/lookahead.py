@@ -286,7 +286,9 @@ class LookaheadReasoner:
         checked here (the Python API).
 
         Raises:
-            ValueError: invalid prompt/messages/options, or a speculative mode without a draft engine.
+            ValueError: invalid prompt/messages/options, or a speculative mode without a draft engine;
+                :class:`FieldError` ``max_tokens`` when a requested budget (one other than the defaults') does not
+                fit the context window after the prompt (the default budget shrinks to fit, as in vLLM).
             RuntimeError: a target call failed (wraps the engine's error).
         """
         if not checked:
@@ -310,7 +312,14 @@ class LookaheadReasoner:
                 raise FieldError("judge", f"{opts.judge.name!r} is not served here (served: {', '.join(self.judges)}; "
                                           "a profile's 'judges' lists them)")
             self.verifier(opts.judge)  # fail early on an unusable judge
-        max_tokens = min(opts.max_tokens, self.target.context_length - len(target_prompt))
+        room = self.target.context_length - len(target_prompt)
+        if (opts.max_tokens > room and "max_tokens" in opts.model_fields_set
+                and opts.max_tokens != self.defaults.max_tokens):
+            # vLLM's rule: a requested budget that cannot fit is refused; the default budget shrinks to fit
+            raise FieldError("max_tokens", f"{opts.max_tokens} new tokens do not fit: the prompt has "
+                                           f"{len(target_prompt)} tokens of the {self.target.context_length}-token "
+                                           f"context window (at most {room})")
+        max_tokens = min(opts.max_tokens, room)
         ctx = _Context(target_prompt, draft_prompt, max_tokens)
         run = _Run(self, opts, ctx)
         async for event in run.events():
@@ -389,12 +398,18 @@ def check_input(prompt: str | None, messages, max_bytes: int | None = None) -> l
 
 
 def with_overrides(defaults: LROptions, **overrides) -> LROptions:
-    """``defaults`` updated with the non-None ``overrides`` (validated; ``ValueError`` names a bad field)."""
+    """``defaults`` updated with the non-None ``overrides`` (validated; ``ValueError`` names a bad field).
+
+    The result's ``model_fields_set`` is that of ``defaults`` plus the overridden fields, so a field the caller
+    set stays distinguishable from a default (:meth:`LookaheadReasoner.stream` refuses an explicit
+    ``max_tokens`` that cannot fit the context window, and shrinks the default one).
+    """
+    given = {("async_mode" if k == "async" else k): v for k, v in overrides.items() if v is not None}
     data = defaults.model_dump(by_alias=False)
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    if "async" in data:
-        data["async_mode"] = data.pop("async")
-    return LROptions.model_validate(data)
+    data.update(given)
+    result = LROptions.model_validate(data)
+    object.__setattr__(result, "__pydantic_fields_set__", set(defaults.model_fields_set) | set(given))
+    return result
 
 
 def _prefill_tokens(results) -> int:

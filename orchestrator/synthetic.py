@@ -23,6 +23,7 @@ Everything is deterministic per seed (``random.Random(seed)``; no global random 
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from dataclasses import dataclass, field, replace
@@ -88,6 +89,16 @@ COMMUTATIVE = frozenset({"+", "x"})
 def is_reserved_seed(seed: int) -> bool:
     """True for the held-out evaluation seeds (training code must not draw data from these)."""
     return seed in (EVAL_SEED, JUDGE_EVAL_SEED)
+
+
+def derive_seed(seed: int, *tags: object) -> int:
+    """A sub-seed of ``seed`` for one purpose named by ``tags`` (SHA-256 of ``"seed:tag:..."``, first 4 bytes, mod
+    10^9): deterministic, independent across tags, and never a reserved held-out seed (``ValueError`` if it were)."""
+    h = hashlib.sha256(":".join([str(seed), *map(str, tags)]).encode()).digest()
+    s = int.from_bytes(h[:4], "little") % 1_000_000_000
+    if is_reserved_seed(s):
+        raise ValueError(f"derive_seed({seed}, {tags}) hit the reserved held-out seed {s}; use another tag")
+    return s
 
 
 # --------------------------------------------------------------------------------------------------

@@ -170,19 +170,10 @@ def test_cli(tiny_profile_yaml, case):
     assert len(lines) == 1 and case.expect["cli"] in lines[0], out.stderr
 
 
-async def _grpc(server, case: Case):
+async def _stream_error(server, model: str, arrays: dict, types: dict) -> str | None:
+    """Send one decoupled gRPC request to ``model``: its error message, or None once its final response came."""
     import tritonclient.grpc.aio as grpcclient
 
-    from lookahead_reasoning.serving.client import _TYPES, _inputs
-
-    req = _request(case)
-    prompt, messages = req.pop("text_input", None), req.pop("messages", None)
-    if "text_input" in case.raw:
-        prompt = GOOD  # replaced by the raw tensor below
-    arrays = _inputs(prompt, messages, True, req)
-    types = {k: _TYPES[k][0] for k in arrays}
-    for name, (arr, dtype) in case.raw.items():
-        arrays[name], types[name] = arr, dtype
     client = grpcclient.InferenceServerClient(server.grpc_url)
     inputs = []
     for name, arr in arrays.items():
@@ -191,7 +182,7 @@ async def _grpc(server, case: Case):
         inputs.append(t)
 
     async def it():
-        yield {"model_name": "lookahead_reasoning", "inputs": inputs}
+        yield {"model_name": model, "inputs": inputs}
 
     try:
         async for result, error in client.stream_infer(it()):
@@ -203,6 +194,20 @@ async def _grpc(server, case: Case):
         return None
     finally:
         await client.close()
+
+
+async def _grpc(server, case: Case):
+    from lookahead_reasoning.serving.client import _TYPES, _inputs
+
+    req = _request(case)
+    prompt, messages = req.pop("text_input", None), req.pop("messages", None)
+    if "text_input" in case.raw:
+        prompt = GOOD  # replaced by the raw tensor below
+    arrays = _inputs(prompt, messages, True, req)
+    types = {k: _TYPES[k][0] for k in arrays}
+    for name, (arr, dtype) in case.raw.items():
+        arrays[name], types[name] = arr, dtype
+    return await _stream_error(server, "lookahead_reasoning", arrays, types)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "grpc" in c.channels], ids=lambda c: c.name)
@@ -276,30 +281,14 @@ def test_role_models_are_internal(tiny_server):
     """A well-formed call to the target model from outside (gRPC; role models are decoupled, so HTTP cannot call
     them at all) is refused naming the model, while the orchestrator's own calls to it, which carry the server's
     secret, keep working."""
-    import tritonclient.grpc.aio as grpcclient
     from tritonclient.utils import np_to_triton_dtype
 
     from lookahead_reasoning.backends.base import GenerationRequest
     from lookahead_reasoning.backends.role_tensors import requests_to_arrays
 
-    async def call_target():
-        client = grpcclient.InferenceServerClient(tiny_server.grpc_url)
-        inputs = []
-        for name, arr in requests_to_arrays([GenerationRequest((5, 6, 7), 4)]).items():
-            t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
-
-        async def it():
-            yield {"model_name": "target", "inputs": inputs}
-
-        try:
-            async for result, error in client.stream_infer(it()):
-                return str(error) if error is not None else "answered"
-        finally:
-            await client.close()
-
-    got = asyncio.run(call_target())
-    assert "target: internal model" in got, got
+    arrays = requests_to_arrays([GenerationRequest((5, 6, 7), 4)])
+    got = asyncio.run(_stream_error(tiny_server, "target", arrays,
+                                    {k: np_to_triton_dtype(a.dtype) for k, a in arrays.items()}))
+    assert got is not None and "target: internal model" in got, got
     assert asyncio.run(TritonLRClient(tiny_server.grpc_url, "grpc").generate(GOOD, max_tokens=6)).metrics[
         "generated_tokens"] == 6

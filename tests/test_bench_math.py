@@ -17,7 +17,7 @@ import pytest
 from lookahead_reasoning.answers import EvalItem
 from lookahead_reasoning.bench import (
     BenchConfig, RequestTimeline, client_send, config_from_args, meets_slo, parse_list, parse_slo,
-    percentiles_ms, poisson_arrivals, register, run_bench, run_load, summarize,
+    parse_runs, percentiles_ms, poisson_arrivals, register, run_bench, run_load, run_request, summarize,
 )
 
 
@@ -278,3 +278,27 @@ def test_client_send_adapts_step_chunks():
 
     assert asyncio.run(collect()) == [("a\n\n", 2, None), ("", 0, {"verified_steps": 1, "accepted_steps": 1})]
     assert Client.calls == [("What is 2+2?", None, {"mode": "lr+sd", "max_tokens": 64})]
+
+
+def test_run_variants_add_request_fields():
+    assert parse_runs("ar, lr+sd,lr+sd:adaptive") == ["ar", "lr+sd", "lr+sd:adaptive"]
+    assert run_request("lr+sd:adaptive") == ("lr+sd", {"adaptive_gamma": True}) and run_request("ar") == ("ar", {})
+    for bad in ("ar:adaptive", "lr+sd:fast", "lr+sd,lr+sd", "fast:adaptive"):
+        with pytest.raises(ValueError, match="--modes"):
+            parse_runs(bad)
+
+    class Client:
+        calls = []
+
+        async def stream(self, prompt=None, messages=None, **params):
+            self.calls.append(params)
+            yield type("C", (), {"text": "x", "token_count": 1, "metrics": None})()
+
+    item = EvalItem("g", "gsm8k", "What is 2+2?", ({"role": "user", "content": "What is 2+2?"},), "4")
+
+    async def drain(run):
+        return [c async for c in client_send(Client(), max_tokens=8)(item, run)]
+
+    asyncio.run(drain("lr+sd:adaptive"))
+    asyncio.run(drain("ar"))
+    assert Client.calls == [{"mode": "lr+sd", "adaptive_gamma": True, "max_tokens": 8}, {"mode": "ar", "max_tokens": 8}]

@@ -193,6 +193,16 @@ def test_speedup_interval_pairs_items_by_index_and_formats():
     assert m["order"] == "x" and "warning" not in m and m["cpu_count"] >= 1
 
 
+
+def test_solved_changes_pair_graded_items_by_index():
+    ar = ModeReport("ar", per_item=[(0, 9, 1.0), (1, 9, 1.0), (2, 9, 1.0), (3, 9, 1.0)],
+                    item_correct={0: True, 1: True, 2: False, 3: True})
+    lr = ModeReport("lr", per_item=[(0, 9, 1.0), (1, 9, 1.0), (2, 9, 1.0), (4, 9, 1.0)],
+                    item_correct={0: True, 1: False, 2: True, 4: False})  # item 3 not run, item 4 not in ar
+    assert lr.solved_changes(ar) == {"lost": 1, "gained": 1} and lr.solved_changes(None) is None
+    assert lr.per_item_json()["correct"] == [True, False, True, False]
+    assert ModeReport("x", per_item=[(7, 1, 1.0)]).per_item_json()["correct"] == [None]  # not graded
+
 def test_eval_command_reports_measurement_intervals_and_load_warning(tiny_model_dir, tiny_draft_dir, tmp_path,
                                                                     monkeypatch, capsys):
     import os

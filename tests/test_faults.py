@@ -1,5 +1,5 @@
-"""Component faults injected for real (Triton model control API, a judge timeout below the judge's latency),
-limits, and the bind address.
+"""Component faults injected for real (Triton model control API, a role model's process killed with SIGKILL, a
+judge timeout below the judge's latency), limits, and the bind address.
 
 The server runs the demo trio (whose draft writes whole steps, so the judge is really called) in explicit
 model-control mode with ``judge_timeout_s`` far below the judge's real latency and ``max_concurrency`` 2.
@@ -8,11 +8,14 @@ model-control mode with ``judge_timeout_s`` far below the judge's real latency a
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
 import tritonclient.http as httpclient
 
+from lookahead_reasoning.backends.triton_bls import role_stub_pids
 from lookahead_reasoning.serving.client import ServerError, TritonLRClient
 from lookahead_reasoning.synthetic import EVAL_SEED, generate_problems
 
@@ -103,6 +106,65 @@ def test_failing_target_is_a_clear_error(fault_server):
         ctl.load_model("target")
     good = _run(_client(fault_server).generate(PROMPT, mode="lr", max_tokens=16))
     assert good.metrics["generated_tokens"] == 16
+
+
+def _stub_pid(server, role: str) -> int:
+    pids = role_stub_pids(role, server.proc.pid, max_age_s=0)
+    assert len(pids) == 1, f"{role}: stub processes {sorted(pids)}"
+    return next(iter(pids))
+
+
+def _health_is_truthful(server) -> None:
+    """Ready (server and every role model) exactly when a request is served again, within 60 s."""
+    ctl, client = _control(server), _client(server)
+    deadline = time.monotonic() + 60
+    while True:
+        ready = ctl.is_server_ready() and all(ctl.is_model_ready(m) for m in ("target", "draft", "judge"))
+        try:
+            served = _run(client.generate(PROMPT, mode="lr", max_tokens=16)).metrics["generated_tokens"] == 16
+        except ServerError:
+            served = False
+        if ready == served and (served or time.monotonic() > deadline):
+            return
+        assert time.monotonic() < deadline, f"health says ready={ready}, a request served={served}"
+        time.sleep(1)
+
+
+def _kill_after_first_chunk(server, role: str, mode: str, judge: str = "exact", max_tokens: int = 500):
+    """Stream one request and SIGKILL ``role``'s stub process once its first chunk arrived (bounded: 90 s)."""
+    victim = _stub_pid(server, role)
+    client = _client(server)
+
+    async def go():
+        chunks = []
+        async for c in client.stream(PROMPT, mode=mode, judge=judge, max_tokens=max_tokens):
+            chunks.append(c)
+            if len(chunks) == 1:
+                os.kill(victim, signal.SIGKILL)
+        return chunks
+
+    return victim, _run(asyncio.wait_for(go(), 90))
+
+
+def test_killed_target_process_is_a_clear_error(fault_server):
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match="target") as err:
+        _kill_after_first_chunk(fault_server, "target", "ar")
+    assert time.monotonic() - t0 < 60
+    assert "died" in str(err.value) or "stub process" in str(err.value).lower(), err.value
+    _health_is_truthful(fault_server)
+    assert _stub_pid(fault_server, "target")  # a new target process serves
+    assert "target" in [m for _, m in fault_server.restarts]  # reloaded by the server's supervisor
+
+
+def test_killed_draft_process_falls_back_to_target_only(fault_server):
+    ar = _run(_client(fault_server).generate(PROMPT, mode="ar", max_tokens=240))
+    victim, chunks = _kill_after_first_chunk(fault_server, "draft", "lr", max_tokens=240)
+    final = chunks[-1].metrics
+    assert final["draft_failures"] >= 1
+    assert "".join(c.text for c in chunks) == ar.text  # exact judge + greedy: lossless before and after the fault
+    _health_is_truthful(fault_server)
+    assert _stub_pid(fault_server, "draft") != victim and "draft" in [m for _, m in fault_server.restarts]
 
 
 def test_concurrency_limit_is_enforced(fault_server):

@@ -11,7 +11,8 @@ from collections import Counter
 import pytest
 
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.lookahead import LookaheadReasoner, LROptions
+from lookahead_reasoning.errors import FieldError
+from lookahead_reasoning.lookahead import LookaheadReasoner, LROptions, with_overrides
 from lookahead_reasoning.steps import StepConfig
 from lookahead_reasoning.verifiers import VerifierConfig
 
@@ -141,3 +142,20 @@ def test_bad_inputs(trio):
     with pytest.raises(ValueError, match="mode"):
         LookaheadReasoner(target, None).run("hi", options=LROptions(mode="lr"))
     assert r.run("Step", options=LROptions(mode="ar", max_tokens=4)).metrics.generated_tokens == 4
+
+
+def test_max_tokens_beyond_the_context_window(trio):
+    """A requested max_tokens that cannot fit is refused by name (as vLLM does); the default budget shrinks."""
+    target, same, _ = trio
+    prompt = "Step " * 4
+    room = target.context_length - len(LookaheadReasoner(target, None, use_chat_template=False)
+                                       .prompt_ids(target, prompt, None))
+    defaults = LROptions(mode="ar", max_tokens=target.context_length,  # a default that cannot fit
+                         judge=VerifierConfig(name="exact"))
+    r = LookaheadReasoner(target, same, defaults=defaults, use_chat_template=False)
+    for mode in ("ar", "lr+sd"):
+        with pytest.raises(FieldError) as err:
+            r.run(prompt, options=with_overrides(defaults, mode=mode, max_tokens=room + 1))
+        assert err.value.field == "max_tokens" and f"at most {room}" in str(err.value)
+    res = r.run(prompt, options=with_overrides(defaults, mode="sd"))  # the default budget: shrunk, not refused
+    assert 0 < res.metrics.generated_tokens <= room

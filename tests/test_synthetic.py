@@ -249,3 +249,10 @@ def test_long_wording_is_a_lookup_by_kind_and_varies_across_problems():
             assert syn.render_spec(sp, p.context, *style) == text
             frames.setdefault(sp.kind, set()).add(style[0])
     assert all(len(v) == 3 for k, v in frames.items() if k != "close"), frames
+
+
+def test_derive_seed_is_deterministic_and_never_a_held_out_seed():
+    seeds = [syn.derive_seed(0, "train", i) for i in range(2000)]
+    assert seeds == [syn.derive_seed(0, "train", i) for i in range(2000)]
+    assert len(set(seeds)) == len(seeds) and not any(syn.is_reserved_seed(s) for s in seeds)
+    assert syn.derive_seed(0, "a") != syn.derive_seed(0, "b") != syn.derive_seed(1, "b")

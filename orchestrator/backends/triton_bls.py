@@ -16,7 +16,11 @@ Triton Python-backend process.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import time
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Sequence
 
 from .role_tensors import arrays_to_results, internal_parameters, requests_to_arrays
@@ -31,6 +35,46 @@ def _exec_all(req) -> list:
     return list(req.exec(decoupled=True))
 
 
+_STUB_SCAN: dict[int, tuple[float, dict[str, frozenset[int]]]] = {}
+_MODEL_PY = re.compile(r"/([^/]+)/\d+/model\.py$")
+
+
+def python_stubs(server_pid: int | None = None, max_age_s: float = 0.5) -> dict[str, frozenset[int]]:
+    """Live (not zombie) Python-backend stub processes that the ``tritonserver`` process ``server_pid`` (default:
+    this process's parent, for a caller inside a stub) started, by model name: the ``triton_python_backend_stub``
+    children whose command line holds ``<repository>/<model>/<version>/model.py``. Linux ``/proc``; empty elsewhere.
+    One scan serves every caller for ``max_age_s`` seconds."""
+    parent = os.getppid() if server_pid is None else server_pid
+    now = time.monotonic()
+    cached = _STUB_SCAN.get(parent)
+    if cached is not None and now - cached[0] < max_age_s:
+        return cached[1]
+    found: dict[str, set[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) != parent or state == "Z":
+                continue
+            args = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if "triton_python_backend_stub" not in args[0]:
+            continue
+        for a in args[1:]:
+            m = _MODEL_PY.search(a)
+            if m:
+                found.setdefault(m.group(1), set()).add(int(d.name))
+                break
+    out = {k: frozenset(v) for k, v in found.items()}
+    _STUB_SCAN[parent] = (now, out)
+    return out
+
+
+def role_stub_pids(model_name: str, server_pid: int | None = None, max_age_s: float = 0.5) -> frozenset[int]:
+    """The live stub processes of model ``model_name`` (:func:`python_stubs`)."""
+    return python_stubs(server_pid, max_age_s).get(model_name, frozenset())
+
+
 class TritonBLSEngine(TokenizerAccess):
     """The Engine interface over a Triton role model, from inside the server.
 
@@ -42,6 +86,10 @@ class TritonBLSEngine(TokenizerAccess):
             sizes min(32, cores + 4)).
         supports_stop_count: the role model's engine honours ``GenerationRequest.stop_count > 1`` (the portable
             engine does); otherwise such requests are refused here.
+        watch_interval_s: while a call is in flight, how often the role model's stub processes are checked
+            (:func:`role_stub_pids`). A stub that dies mid-request never answers its decoupled requests (the BLS
+            response iterator would wait forever), so a call whose stub is gone fails with ``RuntimeError`` within
+            about this interval. Its worker thread stays blocked in Triton's iterator (one per such call).
 
     Raises:
         ImportError: outside a Triton Python-backend process (``triton_python_backend_utils`` missing).
@@ -50,7 +98,8 @@ class TritonBLSEngine(TokenizerAccess):
     name = "triton-bls"
 
     def __init__(self, model_name: str, checkpoint: str, timeout_s: float | None = None,
-                 executor: Executor | None = None, supports_stop_count: bool = False) -> None:
+                 executor: Executor | None = None, supports_stop_count: bool = False,
+                 watch_interval_s: float = 1.0) -> None:
         import triton_python_backend_utils as pb_utils  # noqa: F401 - fails clearly outside Triton
 
         self._pb = pb_utils
@@ -58,6 +107,7 @@ class TritonBLSEngine(TokenizerAccess):
         self.timeout_s = timeout_s
         self.executor = executor
         self.supports_stop_count = supports_stop_count
+        self.watch_interval_s = watch_interval_s
         self._load_tokenizer(checkpoint)
         self.in_flight = 0
 
@@ -92,7 +142,7 @@ class TritonBLSEngine(TokenizerAccess):
                     kwargs["timeout"] = int(self.timeout_s * 1e6)  # microseconds
                 req = pb.InferenceRequest(model_name=self.model_name, inputs=inputs,
                                           requested_output_names=OUTPUTS, **kwargs)
-                responses = await asyncio.get_running_loop().run_in_executor(self.executor, _exec_all, req)
+                responses = await self._watched(asyncio.get_running_loop().run_in_executor(self.executor, _exec_all, req))
                 got = None
                 for resp in responses:
                     if resp.has_error():
@@ -111,6 +161,21 @@ class TritonBLSEngine(TokenizerAccess):
         finally:
             self.in_flight -= len(requests)
         return out  # type: ignore[return-value]
+
+    async def _watched(self, call: asyncio.Future) -> list:
+        """``call``'s result, or ``RuntimeError`` once a stub process of the role model that was alive during the
+        call has died (see ``watch_interval_s``)."""
+        watched: frozenset[int] = frozenset()
+        while True:
+            done, _ = await asyncio.wait({call}, timeout=self.watch_interval_s)
+            if done:
+                return call.result()
+            live = role_stub_pids(self.model_name)
+            dead = watched - live
+            if dead:
+                raise RuntimeError(f"{self.model_name}: the role model's process (pid {min(dead)}) died during the "
+                                   "call; Triton starts a new one for the next request")
+            watched = watched or live
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         raise RuntimeError("TritonBLSEngine is asynchronous only (use agenerate inside async execute)")

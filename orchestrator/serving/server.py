@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.role_tensors import INTERNAL_KEY_ENV
+from ..backends.triton_bls import python_stubs
 from .model_repository import render_repository
 
 
@@ -92,11 +94,15 @@ class ServerConfig:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
-    model_control_mode: str = "none"  # or "explicit" (then every model is loaded at start)
+    model_control_mode: str = "explicit"  # every model loaded at start; "none" disables restart_dead_models
     log_verbose: int = 0
     log_level: str = "info"  # error | warning | info | verbose (Triton's --log-error/--log-warning/--log-info/--log-verbose)
     extra_args: list[str] = field(default_factory=list)
     guard_role_models: bool = True  # role models answer only the orchestrator's BLS calls (role_tensors.INTERNAL_KEY_ENV)
+    # Reload a model whose Python-backend process died: Triton 2.51 neither restarts it nor stops reporting the model
+    # ready, and answers every later request with "Stub process ... is not healthy" (explicit control mode only)
+    restart_dead_models: bool = True
+    watch_interval_s: float = 1.0
 
 
 class TritonServer:
@@ -115,6 +121,8 @@ class TritonServer:
         self.ready_timeout_s = ready_timeout_s
         self.log_path = Path(log_path) if log_path else None
         self.proc: subprocess.Popen | None = None
+        self.restarts: list[tuple[float, str]] = []  # (time.time(), model) of each reload of a dead model
+        self._stopping = threading.Event()
 
     @property
     def http_url(self) -> str:
@@ -163,7 +171,44 @@ class TritonServer:
         self.proc = subprocess.Popen(self.command(), env=env, stdout=out or sys.stderr.fileno(),
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready()
+        if c.restart_dead_models and c.model_control_mode == "explicit":
+            threading.Thread(target=self._supervise, name="triton-supervisor", daemon=True).start()
         return self
+
+    def _supervise(self) -> None:
+        """Every ``watch_interval_s``: a model that had a live stub process, has none now and that Triton still reports
+        ready died (an unload by a client first makes it not ready); unload it, so that health reports it, and load it
+        again with a fresh process. Logs each restart to stderr and records it in :attr:`restarts`."""
+        seen = set(python_stubs(self.proc.pid, max_age_s=0)) if self.proc is not None else set()
+        while not self._stopping.wait(self.config.watch_interval_s):
+            if self.proc is None or self.proc.poll() is not None:
+                return
+            stubs = python_stubs(self.proc.pid, max_age_s=0)
+            for model in seen - set(stubs):
+                if self._request("GET", f"/v2/models/{model}/ready") != 200:
+                    continue  # unloaded or loading: not a death
+                if model in python_stubs(self.proc.pid, max_age_s=0):
+                    continue  # a new process appeared meanwhile
+                print(f"lookahead-reasoning: the process of model {model!r} died; reloading it", file=sys.stderr,
+                      flush=True)
+                self._request("POST", f"/v2/repository/models/{model}/unload")
+                code = self._request("POST", f"/v2/repository/models/{model}/load", timeout=self.ready_timeout_s)
+                self.restarts.append((time.time(), model))
+                if code != 200:
+                    print(f"lookahead-reasoning: reloading {model!r} failed (HTTP {code})", file=sys.stderr, flush=True)
+            seen = set(python_stubs(self.proc.pid, max_age_s=0))
+
+    def _request(self, method: str, path: str, timeout: float = 10.0) -> int | None:
+        """HTTP status of one call to this server's HTTP endpoint (None: no answer)."""
+        req = urllib.request.Request(f"http://{self.http_url}{path}", method=method,
+                                     data=b"{}" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except (urllib.error.URLError, OSError):
+            return None
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -206,6 +251,7 @@ class TritonServer:
         (a killed Python-backend stub leaves its ``/dev/shm`` region behind)."""
         if self.proc is None:
             return
+        self._stopping.set()
         owned = shm_segments_of(self.proc.pid)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
