@@ -74,6 +74,8 @@ class LROptions(BaseModel):
     width: int = Field(1, ge=1, le=4, description="draft candidates per depth (sync loop)")
     async_mode: bool = Field(False, alias="async", description="pipelined asynchronous loop")
     adaptive_gamma: bool = False
+    adaptive_load_threshold: int = Field(8, ge=0, le=4096, description="requests in flight at which adaptive gamma "
+                                         "stops speculating (0: never for load); raise it where batching is cheap")
     step: StepConfig = StepConfig()
     max_tokens: int = Field(512, ge=1, le=1 << 20, description="total new-token budget (target tokens)")
     stop: tuple[str, ...] = Field((), description="user stop strings (output ends after one)")
@@ -139,10 +141,17 @@ class AdaptiveGamma:
       early (the draft wrote EOS, a cut step, or the budget ran out) says nothing about deeper steps, so
       accepting all of it does not raise gamma (on short answers it otherwise kept gamma near its cap);
     - the first draft rejected: ``gamma -= 1`` (down to 0, i.e. plain target decoding);
-    - the target engine busy (``load >= load_threshold`` sequences in flight from all requests):
-      ``gamma = min(gamma, max(0, max_gamma - load // load_threshold))``;
-    - at ``gamma == 0`` every ``probe_every``-th cycle runs with ``gamma = 1`` so the controller can see
-      acceptance again and recover.
+    - the server busy: with ``load`` requests in flight on the reasoner (this one included) the cap on gamma falls
+      linearly from ``max_gamma`` at one request to 0 at ``load_threshold`` requests,
+      ``gamma = min(gamma, floor(max_gamma * (load_threshold - load) / (load_threshold - 1)))``: a batch of many
+      requests is compute-bound, so extra branch rows cost what they would save (measured on the demo trio:
+      ``lr+sd`` 1.67x ``ar`` at concurrency 1, 1.23x at 4, 0.90x at 16; ``benchmarks/RESULTS.md``, issue 19).
+      Requests, not engine rows, are counted: rows shrink as gamma falls, and a row count made the cap oscillate;
+    - at ``gamma == 0`` every ``probe_every``-th cycle runs with ``gamma = 1`` (while the cap allows it) so the
+      controller can see acceptance again and recover;
+    - at a cap of 0 the request's token-level SD is off too (the loop's ``_gamma``), as vLLM's
+      ``speculative_disable_by_batch_size`` turns speculation off for a large batch: verifying proposals costs
+      as much as it saves there (lossless either way: SD does not change the output distribution).
 
     A :class:`LookaheadReasoner` keeps one controller per ``(gamma, max_gamma)`` setting and shares it among
     its requests, so what earlier requests showed about acceptance carries over: an answer of a few steps is
@@ -156,8 +165,15 @@ class AdaptiveGamma:
         self.probe_every = probe_every
         self._idle_cycles = 0
 
+    def cap(self, load: int) -> int:
+        """The cap on gamma with ``load`` requests in flight (this one included; 0 is read as 1)."""
+        if self.load_threshold and load > 1:
+            return max(0, self.max_gamma * (self.load_threshold - load) // max(1, self.load_threshold - 1))
+        return self.max_gamma
+
     def next_gamma(self, load: int) -> int:
-        cap = max(0, self.max_gamma - load // self.load_threshold) if self.load_threshold else self.max_gamma
+        """The next cycle's gamma with ``load`` requests in flight (this one included; 0 is read as 1)."""
+        cap = self.cap(load)
         self.gamma = min(self.gamma, cap)
         if self.gamma == 0:
             self._idle_cycles += 1
@@ -226,7 +242,8 @@ class LookaheadReasoner:
         self.judges = tuple(judges) if judges is not None else None
         for name in self.judges or ():
             self.verifier(self.defaults.judge.model_copy(update={"name": name}))
-        self._controllers: dict[tuple[int, int], AdaptiveGamma] = {}
+        self._controllers: dict[tuple[int, int, int], AdaptiveGamma] = {}
+        self.requests_in_flight = 0  # streams running on this reasoner (adaptive gamma's load signal)
         self.cost_model = None  # a calibration.CostModel, when measured: enables speedup estimates
         self.shared_tokenizer = draft is not None and _same_vocab(target, draft)
 
@@ -251,10 +268,11 @@ class LookaheadReasoner:
         return self._verifiers[key]
 
     def controller(self, opts: LROptions) -> AdaptiveGamma:
-        """The adaptive-gamma controller shared by requests with ``opts.gamma`` / ``opts.max_gamma``."""
-        key = (opts.gamma, opts.max_gamma)
+        """The adaptive-gamma controller shared by requests with the same ``gamma``, ``max_gamma`` and
+        ``adaptive_load_threshold``."""
+        key = (opts.gamma, opts.max_gamma, opts.adaptive_load_threshold)
         if key not in self._controllers:
-            self._controllers[key] = AdaptiveGamma(opts.gamma, opts.max_gamma)
+            self._controllers[key] = AdaptiveGamma(opts.gamma, opts.max_gamma, opts.adaptive_load_threshold)
         return self._controllers[key]
 
     # -- public API ------------------------------------------------------------------------------------
@@ -322,8 +340,12 @@ class LookaheadReasoner:
         max_tokens = min(opts.max_tokens, room)
         ctx = _Context(target_prompt, draft_prompt, max_tokens)
         run = _Run(self, opts, ctx)
-        async for event in run.events():
-            yield event
+        self.requests_in_flight += 1
+        try:
+            async for event in run.events():
+                yield event
+        finally:
+            self.requests_in_flight -= 1
 
 
 class Message(BaseModel):
@@ -434,6 +456,7 @@ class _Run:
                                 target_sd_method=opts.target_sd.method)
         self.draft_ok = opts.speculative
         self.controller = owner.controller(opts) if opts.adaptive_gamma else None
+        self.overloaded = False  # adaptive gamma's cap is 0: no step nor token speculation this cycle
         self.stops = (opts.step.delimiter,) + tuple(opts.stop)
         self.finish: str | None = None
         self.events_out: list[StepEvent] = []
@@ -451,7 +474,8 @@ class _Run:
         return s.model_copy(update={"seed": (s.seed * 1_000_003 + salt) % (2**63)})
 
     def _target_requests(self, prefixes: list[list[int]], budgets: list[int]) -> list[GenerationRequest]:
-        return [self._request(p, b, self.opts.target_sd, self._target_sampling(len(p))) for p, b in zip(prefixes, budgets)]
+        spec = SpecDecodeConfig() if self.overloaded else self.opts.target_sd
+        return [self._request(p, b, spec, self._target_sampling(len(p))) for p, b in zip(prefixes, budgets)]
 
     async def _target_steps(self, prefixes: list[list[int]], budgets: list[int]) -> list[Step]:
         reqs = self._target_requests(prefixes, budgets)
@@ -644,7 +668,8 @@ class _Run:
             return 0
         if self.controller is None:
             return self.opts.gamma
-        load = getattr(self.reasoner.target, "active_sequences", 0)
+        load = self.reasoner.requests_in_flight
+        self.overloaded = self.controller.cap(load) == 0
         return self.controller.next_gamma(load)
 
     # -- loops -----------------------------------------------------------------------------------------

@@ -159,3 +159,39 @@ def test_max_tokens_beyond_the_context_window(trio):
         assert err.value.field == "max_tokens" and f"at most {room}" in str(err.value)
     res = r.run(prompt, options=with_overrides(defaults, mode="sd"))  # the default budget: shrunk, not refused
     assert 0 < res.metrics.generated_tokens <= room
+
+
+def test_requests_in_flight_is_counted_per_stream(trio, delimiter):
+    """Adaptive gamma's load signal: the streams running on the reasoner, this one included."""
+    import asyncio
+
+    target, same, _ = trio
+    r = LookaheadReasoner(target, same, use_chat_template=False)
+
+    async def one(seen):
+        async for _ in r.stream(PROMPTS[0], options=_opts(delimiter, mode="lr", adaptive_gamma=True)):
+            seen.append(r.requests_in_flight)
+
+    async def two():
+        a, b = [], []
+        await asyncio.gather(one(a), one(b))
+        return a + b
+
+    seen = asyncio.run(two())
+    assert max(seen) == 2 and r.requests_in_flight == 0
+
+
+def test_overloaded_adaptive_gamma_stops_step_and_token_speculation(trio, delimiter):
+    target, same, _ = trio
+    r = LookaheadReasoner(target, same, use_chat_template=False)
+    ar = r.run(PROMPTS[0], options=_opts(delimiter, mode="ar"))
+    opts = _opts(delimiter, mode="lr+sd", adaptive_gamma=True, adaptive_load_threshold=3)
+    calm = r.run(PROMPTS[0], options=opts)
+    r.requests_in_flight = 2  # two other requests in flight: with this one, load 3 = the threshold, so the cap is 0
+    try:
+        busy = r.run(PROMPTS[0], options=opts)
+    finally:
+        r.requests_in_flight = 0
+    assert calm.metrics.drafted_steps > 0 and calm.metrics.target_drafted_tokens > 0
+    assert busy.metrics.drafted_steps == 0 and busy.metrics.target_drafted_tokens == 0
+    assert busy.text == calm.text == ar.text  # exact judge, greedy: lossless either way

@@ -219,8 +219,12 @@ def test_adaptive_gamma_rule():
     assert seq == [0, 0, 1, 0, 0, 1]  # a probe cycle every 3rd cycle at gamma 0
     ctl.update(1, 1)  # the probe's draft was accepted: recover
     assert ctl.gamma == 1
-    busy = AdaptiveGamma(start=4, max_gamma=4, load_threshold=8)
-    assert busy.next_gamma(load=16) == 2  # 16 sequences in flight: cap = 4 - 16 // 8
+    busy = AdaptiveGamma(start=8, max_gamma=8, load_threshold=8, probe_every=2)
+    # the cap falls linearly from max_gamma at 1 request in flight to 0 at load_threshold requests
+    assert [busy.next_gamma(load=n) for n in (1, 4)] == [8, 4]  # 8 * (8 - 4) // 7
+    assert [busy.next_gamma(load=16) for _ in range(4)] == [0, 0, 0, 0]  # overloaded: no probes either
+    assert busy.next_gamma(load=2) == 0 and busy.next_gamma(load=2) == 1  # the cap allows probes again
+    assert AdaptiveGamma(start=3, max_gamma=3, load_threshold=0).next_gamma(load=100) == 3  # 0: load ignored
 
 
 @pytest.mark.parametrize("kwargs, field", [
