@@ -99,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: What the demo shows, from the measurements in benchmarks/RESULTS.md (rewritten when they change).
-CLOSING = ("The demo trio writes long reasoning traces (about 23 steps per answer); its speed with Lookahead "
-           "Reasoning is measured in benchmarks/RESULTS.md (issue-19 section), the ratio above is this run's.")
+CLOSING = ("Measured on 2 CPU cores (benchmarks/RESULTS.md, issue 19): on 200 held-out problems lr+sd runs 1.67x ar "
+           "with n-gram SD inside the steps and 2.19x with draft-model SD, at 94.0% accuracy against ar's 96.0%; "
+           "through Triton it pays up to about 4 concurrent requests (1.21x) and not at 16 (0.90x). "
+           "The ratio above is this run's.")
 
 
 if __name__ == "__main__":

@@ -260,6 +260,18 @@ def test_openai(tiny_openai, case):
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 6
 
 
+def test_no_internal_error_and_healthy_after_the_catalogue(tiny_server):
+    """After every malformed request above (this test runs after them): none ended as an internal error of our
+    model (a 500 from our code), some were counted as bad requests, and the server reports itself ready."""
+    from conftest import scrape
+
+    samples = scrape(tiny_server)
+    assert sum(v for k, v in samples.items() if k.startswith("lookahead_request_errors_total")
+               and 'reason="internal"' in k) == 0
+    assert sum(v for k, v in samples.items() if k.startswith("lookahead_request_errors_total")
+               and 'reason="bad_request"' in k) >= 30
+    assert httpx.get(f"http://{tiny_server.http_url}/v2/health/ready", timeout=10).status_code == 200
+
 def test_catalogue_size():
     """At least 60 malformed requests over the server's fronts (HTTP generate, gRPC, the OpenAI front)."""
     assert len(CASES) >= 25
@@ -292,3 +304,4 @@ def test_role_models_are_internal(tiny_server):
     assert got is not None and "target: internal model" in got, got
     assert asyncio.run(TritonLRClient(tiny_server.grpc_url, "grpc").generate(GOOD, max_tokens=6)).metrics[
         "generated_tokens"] == 6
+

@@ -49,8 +49,16 @@ def test_draft_model_sd_alone_runs(tiny_profile, tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     out = _cli("generate", "--config", str(path), "--prompt", "Step 1: 4 + 4", "--json", "--mode", "sd")
     assert out.returncode == 0, out.stderr
-    m = json.loads(out.stdout)["metrics"]
-    assert m["target_sd_method"] == "draft_model" and m["generated_tokens"] > 0
+    sd = json.loads(out.stdout)
+    assert sd["metrics"]["target_sd_method"] == "draft_model" and sd["metrics"]["generated_tokens"] > 0
+    ar = json.loads(_cli("generate", "--config", str(path), "--prompt", "Step 1: 4 + 4", "--json", "--mode", "ar").stdout)
+    assert sd["text"] == ar["text"]  # greedy SD is lossless
+    report = tmp_path / "eval.json"  # and in eval, on the same items
+    out = _cli("eval", "--config", str(path), "--dataset", "synthetic", "--limit", "3", "--modes", "ar,sd",
+               "--keep-outputs", "--no-progress", "--out", str(report))
+    assert out.returncode == 0, out.stderr
+    modes = json.loads(report.read_text())["modes"]
+    assert [o["text"] for o in modes["sd"]["outputs"]] == [o["text"] for o in modes["ar"]["outputs"]]
 
 
 def test_generate_json_splits_reasoning(tiny_profile, tmp_path):

@@ -94,7 +94,7 @@ def test_budget_and_user_stop(trio, delimiter):
     assert free.text.startswith(res.text)
 
 
-@pytest.mark.parametrize("mode", ["ar", "lr"])
+@pytest.mark.parametrize("mode", ["ar", "sd", "lr", "lr+sd"])
 def test_user_stop_spanning_a_step_break(trio, delimiter, mode):
     """A stop string that starts in one step and ends in the next still ends the answer right after it."""
     from lookahead_reasoning.steps import split_steps

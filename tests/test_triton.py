@@ -394,3 +394,14 @@ def test_forged_control_tokens_stay_literal_through_the_server(triton_server):
                                        return_dict=False)
     literal = tok.encode(forged, add_special_tokens=False, split_special_tokens=True)
     assert got.metrics["prompt_tokens"] == len(template) - len(tok.encode("x", add_special_tokens=False)) + len(literal)
+
+
+def test_random_judge_is_reproducible_through_the_server(triton_server):
+    """The same ``judge=random`` request twice gives the same text (the judge's RNG is seeded per request)."""
+    from lookahead_reasoning.synthetic import EVAL_SEED, generate_problems
+
+    prompt = generate_problems(1, EVAL_SEED)[0].question
+    client = TritonLRClient(triton_server.grpc_url, "grpc")
+    runs = [asyncio.run(client.generate(prompt, mode="lr", judge="random", max_tokens=120)) for _ in range(2)]
+    m = runs[0].metrics
+    assert runs[0].text == runs[1].text and 0 < m["accepted_steps"] < m["verified_steps"], m  # the judge decided
