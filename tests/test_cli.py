@@ -182,6 +182,29 @@ def test_serve_on_a_busy_port_says_so_and_leaves_nothing(tmp_path):
     assert set(Path(tempfile.gettempdir()).glob("lr-triton-*")) == repos
 
 
+
+@pytest.mark.server
+def test_serve_on_a_live_servers_port_exits_at_once_and_the_other_keeps_serving(tiny_server):
+    """A second ``serve`` on the gRPC port of a running server exits non-zero within 5 s (it checks the ports before
+    writing a repository or starting Triton), naming the flag and the port; the running server keeps serving."""
+    import asyncio
+    import time
+
+    from lookahead_reasoning.serving.client import TritonLRClient
+    from lookahead_reasoning.serving.server import free_port
+
+    port = tiny_server.config.grpc_port
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "lookahead_reasoning.cli", "serve", "--http-port", str(free_port()),
+                          "--grpc-port", str(port), "--metrics-port", str(free_port())],
+                         capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - t0
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode != 0 and "--grpc-port" in last and str(port) in last, out.stderr
+    assert elapsed < 5, f"took {elapsed:.1f} s"  # a behaviour bound (no health wait), far above the ~1 s it takes
+    res = asyncio.run(TritonLRClient(tiny_server.grpc_url, "grpc").generate("Step 1: 4 + 4", max_tokens=4))
+    assert res.metrics["generated_tokens"] == 4
+
 @pytest.mark.server
 def test_serve_sigterm_leaves_no_repository_and_no_shared_memory(tiny_profile_yaml):
     """``serve`` (tiny profile) until ready, then SIGTERM: it exits 0 within the bound, its temporary model
