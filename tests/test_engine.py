@@ -399,8 +399,20 @@ def test_checkpoint_without_tokenizer_is_refused_by_name(tiny_model_dir, tmp_pat
 
     for name in ("config.json", "model.safetensors"):
         shutil.copy(tiny_model_dir / name, tmp_path / name)
-    with pytest.raises(ValueError, match="model: .* no usable tokenizer"):
+    with pytest.raises(ValueError, match="model: .* no usable tokenizer") as err:
         PortableEngine.from_pretrained(str(tmp_path), num_threads=1)
+    assert str(tmp_path) in str(err.value)
+    # the same through the CLI, as a profile's target: one line naming the path, exit status 2
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = tmp_path.parent / f"{tmp_path.name}-profile.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "no-tokenizer", "target": {"path": str(tmp_path)}}))
+    out = subprocess.run([sys.executable, "-m", "lookahead_reasoning.cli", "generate", "--config", str(cfg),
+                          "--prompt", "hi", "--mode", "ar"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and str(tmp_path) in out.stderr and "tokenizer" in out.stderr, out.stderr
 
 
 def test_user_text_cannot_forge_control_tokens():
