@@ -144,7 +144,7 @@ def tiny_profile_yaml(tmp_path_factory, tiny_model_dir, tiny_draft_dir, tiny_jud
 
 
 def start_server(tmp_path_factory, profile_config: Path | None, control: str = "none", profile: str | None = None,
-                 **limits) -> "object":
+                 open_role_models: bool = False, **limits) -> "object":
     from lookahead_reasoning.serving.server import ServerConfig, TritonServer, prepare_repository
 
     params = {"max_tokens_limit": "512", "max_prompt_bytes": "8000", "max_concurrency": "100",
@@ -154,7 +154,8 @@ def start_server(tmp_path_factory, profile_config: Path | None, control: str = "
                               str(tmp_path_factory.mktemp("repo")), limits=params)
     log = tmp_path_factory.mktemp("logs") / "triton.log"
     server = TritonServer(ServerConfig(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                                       model_control_mode=control), log_path=log)
+                                       model_control_mode=control, guard_role_models=not open_role_models),
+                          log_path=log)
     return server.start()
 
 

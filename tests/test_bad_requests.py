@@ -291,15 +291,19 @@ def test_http_raw_bodies(tiny_server, name, body, status, message):
     assert good.metrics["generated_tokens"] == 6
 
 def test_no_internal_error_and_healthy_after_the_catalogue(tiny_server):
-    """After every malformed request above (this test runs after them): none ended as an internal error of our
-    model (a 500 from our code), some were counted as bad requests, and the server reports itself ready."""
+    """After every malformed request above (this test runs after them in file order) and two of its own: none
+    ended as an internal error of our model (a 500 from our code), the refusals were counted as bad requests,
+    and the server reports itself ready."""
     from conftest import scrape
 
+    for body in ({"text_input": GOOD, "max_tokens": 0}, {"text_input": GOOD, "gamma": -1}):
+        r = httpx.post(f"http://{tiny_server.http_url}/v2/models/lookahead_reasoning/generate", json=body, timeout=60)
+        assert r.status_code == 400, r.text
     samples = scrape(tiny_server)
     assert sum(v for k, v in samples.items() if k.startswith("lookahead_request_errors_total")
                and 'reason="internal"' in k) == 0
     assert sum(v for k, v in samples.items() if k.startswith("lookahead_request_errors_total")
-               and 'reason="bad_request"' in k) >= 30
+               and 'reason="bad_request"' in k) >= 2
     assert httpx.get(f"http://{tiny_server.http_url}/v2/health/ready", timeout=10).status_code == 200
 
 def test_catalogue_size():
@@ -335,3 +339,28 @@ def test_role_models_are_internal(tiny_server):
     assert asyncio.run(TritonLRClient(tiny_server.grpc_url, "grpc").generate(GOOD, max_tokens=6)).metrics[
         "generated_tokens"] == 6
 
+
+
+def test_open_role_models_still_enforce_their_limits(tmp_path_factory, tiny_profile_yaml):
+    """With ``--open-role-models`` anyone may call ``target``, but within the role model's own caps: the issue-22
+    example (64 sequences x 200 tokens in one call) is refused naming ``rows``; a small call is served."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    from conftest import start_server
+    from lookahead_reasoning.backends.base import GenerationRequest
+    from lookahead_reasoning.backends.role_tensors import requests_to_arrays
+
+    def call(reqs):
+        arrays = requests_to_arrays(reqs)
+        return asyncio.run(_stream_error(server, "target", arrays,
+                                         {k: np_to_triton_dtype(a.dtype) for k, a in arrays.items()}))
+
+    server = start_server(tmp_path_factory, tiny_profile_yaml, open_role_models=True)
+    try:
+        err = call([GenerationRequest((5, 6, 7), 200)] * 64)
+        assert err is not None and "rows: 64 sequences" in err, err
+        err = call([GenerationRequest((5, 6, 7), 600)])
+        assert err is not None and "max_new_tokens: 600" in err, err  # the server's max_tokens_limit is 512
+        assert call([GenerationRequest((5, 6, 7), 4)]) is None  # open: an outside call within the caps is served
+    finally:
+        server.stop()

@@ -117,3 +117,16 @@ def test_prefix_cache_matches_the_longest_common_prefix(stored, query, block_siz
     assert (kv is None) == (n == 0)
     if n:
         assert kv.equal(_kv_of(query[:n]))
+
+
+def test_role_call_limits():
+    """A role model refuses, naming the field, a call with more rows or more new tokens than its caps (the
+    issue-22 example: 64 sequences x 200 tokens sent straight to ``target``); the orchestrator's calls fit."""
+    from lookahead_reasoning.backends.base import GenerationRequest
+    from lookahead_reasoning.backends.role_tensors import ROLE_MAX_ROWS, check_role_call
+
+    check_role_call([GenerationRequest((1, 2), 100)] * ROLE_MAX_ROWS, max_new_tokens=512)
+    with pytest.raises(ValueError, match=r"^rows: 64 sequences .* limit of 33"):
+        check_role_call([GenerationRequest((1, 2), 200)] * 64)
+    with pytest.raises(ValueError, match=r"^max_new_tokens: 600 exceeds .* limit of 512"):
+        check_role_call([GenerationRequest((1, 2), 600)], max_new_tokens=512)

@@ -156,6 +156,27 @@ def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
     return out
 
 
+#: Default caps of one call to a role model: the orchestrator's largest call is gamma + 1 target branches with
+#: gamma <= 32 (``LROptions.max_gamma``), and one request never asks for more than the server's ``max_tokens_limit``.
+ROLE_MAX_ROWS = 33
+ROLE_MAX_NEW_TOKENS = 4096
+
+
+def check_role_call(requests: Sequence[GenerationRequest], max_rows: int = ROLE_MAX_ROWS,
+                    max_new_tokens: int = ROLE_MAX_NEW_TOKENS) -> None:
+    """The limits a role model enforces on every call, its orchestrator's or (with ``serve --open-role-models``)
+    anyone's: at most ``max_rows`` sequences, each asking for at most ``max_new_tokens`` (the engine itself checks
+    that prompt + new tokens fit the context window, and the token ids).
+
+    Raises:
+        ValueError: naming ``rows`` or ``max_new_tokens``.
+    """
+    if len(requests) > max_rows:
+        raise ValueError(f"rows: {len(requests)} sequences in one call exceed this role model's limit of {max_rows}")
+    worst = max((r.max_new_tokens for r in requests), default=0)
+    if worst > max_new_tokens:
+        raise ValueError(f"max_new_tokens: {worst} exceeds this role model's limit of {max_new_tokens}")
+
 def results_to_arrays(results: Sequence[GenerationResult]) -> dict[str, np.ndarray]:
     n, width = len(results), max([len(r.token_ids) for r in results] + [1])
     ids = np.full((n, width), -1, dtype=np.int32)

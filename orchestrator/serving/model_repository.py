@@ -97,6 +97,8 @@ def render_repository(out: str | Path, profile: str | None = None, profile_confi
             params["role"] = name
             if threads and name in threads:
                 params["num_threads"] = str(threads[name])
+            if limits and limits.get("max_tokens_limit"):  # the role model's own cap (check_role_call)
+                params["max_tokens_limit"] = str(limits["max_tokens_limit"])
         else:
             params.update(limits or {})
         (out / name / "config.pbtxt").write_text(render_config(name, params))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..backends.role_tensors import arrays_to_requests, is_internal, results_to_arrays
+from ..backends.role_tensors import (ROLE_MAX_NEW_TOKENS, ROLE_MAX_ROWS, arrays_to_requests, check_role_call,
+                                     is_internal, results_to_arrays)
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -51,6 +52,8 @@ class RoleModel:
         if threads:
             spec = spec.model_copy(update={"num_threads": int(threads)})
         self.engine = make_engine(spec)
+        self.max_rows = int(params.get("max_rows_per_call") or ROLE_MAX_ROWS)
+        self.max_new_tokens = int(params.get("max_tokens_limit") or ROLE_MAX_NEW_TOKENS)
         labels = {"role": self.role}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         # Keep the families referenced: the Python backend unregisters a family when its object is freed.
@@ -95,6 +98,7 @@ class RoleModel:
                 return None if t is None else t.as_numpy()
 
             reqs = arrays_to_requests(get, self.engine.encode)
+            check_role_call(reqs, self.max_rows, self.max_new_tokens)
             task = asyncio.ensure_future(self.engine.agenerate(reqs))
             while not task.done():
                 await asyncio.wait({task}, timeout=0.05)
