@@ -54,7 +54,7 @@ def cmd_generate(args) -> int:
         if args.json:
             res = reasoner.run(args.prompt, messages, opts, checked=True)  # parse_request checked the input
         else:
-            res = _stream_to_stdout(reasoner, args.prompt, messages, opts)
+            res = _stream_to_stdout(reasoner, args.prompt, messages, opts, req.trimmer(opts))
     finally:
         close_reasoner(reasoner)
     m = res.metrics
@@ -65,8 +65,9 @@ def cmd_generate(args) -> int:
             metrics["cost_model"] = reasoner.cost_model.to_dict()
         from .steps import split_reasoning
 
-        reasoning, content = split_reasoning(res.text, reasoner.reasoning_parser)
-        print(json.dumps({"text": res.text, "reasoning_content": reasoning, "content": content, "mode": res.mode,
+        text = req.trimmer(opts).apply(res.text, res.finish_reason == "stop")  # the stop string left out
+        reasoning, content = split_reasoning(text, reasoner.reasoning_parser)
+        print(json.dumps({"text": text, "reasoning_content": reasoning, "content": content, "mode": res.mode,
                           "metrics": metrics}))
     else:
         acc = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
@@ -75,7 +76,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _stream_to_stdout(reasoner, prompt, messages, opts):
+def _stream_to_stdout(reasoner, prompt, messages, opts, trim):
     import asyncio
 
     from .lookahead import LRResult
@@ -85,9 +86,10 @@ def _stream_to_stdout(reasoner, prompt, messages, opts):
         async for ev in reasoner.stream(prompt, messages, opts, checked=True):
             if isinstance(ev, LRResult):
                 result = ev
+                sys.stdout.write(trim.apply("", ev.finish_reason == "stop"))
             else:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
+                sys.stdout.write(trim.feed(ev.text))
+            sys.stdout.flush()
         return result
 
     return asyncio.run(go())
@@ -150,7 +152,7 @@ def cmd_client(args) -> int:
             async for c in client.stream(args.prompt, **params):
                 if c.metrics is not None:
                     metrics = c.metrics
-                elif not args.json:
+                if not args.json:  # the final chunk may hold text the server held back at a possible stop
                     sys.stdout.write(c.text)
                     sys.stdout.flush()
                 text += c.text

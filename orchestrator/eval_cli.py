@@ -15,7 +15,7 @@ from pathlib import Path
 from .answers import DATASETS
 
 #: Request fields the ``eval`` command does not take as request flags.
-EVAL_SKIP = ("prompt", "messages", "mode", "gamma")
+EVAL_SKIP = ("prompt", "messages", "mode", "gamma", "include_stop_str_in_output")  # eval grades the raw answers
 
 
 def add_eval_arguments(e: argparse.ArgumentParser) -> None:

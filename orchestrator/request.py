@@ -13,7 +13,9 @@ Errors are :class:`RequestError` (a field and a message). Each front names the f
 and ``prompt`` elsewhere, ``messages[1].role`` for one message's role.
 
 Triton tensor conventions follow Triton's LLM backends (names as in its vLLM backend): ``text_input`` or
-``messages`` (JSON), ``max_tokens``, ``stream``, sampling fields, ``stop`` (a list), then this model's own:
+``messages`` (JSON), ``max_tokens``, ``stream``, sampling fields, ``stop`` (a list), vLLM's
+``include_stop_str_in_output`` (every front leaves the matched stop string out of the text unless it is true), then
+this model's own:
 ``mode``, ``gamma``, ``judge``, ``async``, ``adaptive_gamma``, ``width``, ``delimiter``, ``max_step_tokens``;
 ``seed`` -1 means none (the role models' convention). Outputs: ``text_output`` and ``metrics`` (JSON).
 """
@@ -29,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 
 from .errors import FieldError, describe, field_path, from_validation
 from .lookahead import MODES, LROptions, Message, Mode, check_input, with_overrides
+from .steps import StopTrimmer
 from .verifiers import JUDGES, JudgeName
 
 Front = Literal["cli", "triton", "openai", "python"]
@@ -73,6 +76,9 @@ FIELDS: tuple[RequestField, ...] = (
     RequestField("top_k", "INT64", False, "top_k", "--top-k", "top_k", "sample among the k most likely tokens (0: all)"),
     RequestField("seed", "INT64", False, "seed", "--seed", "seed", "sampling seed (>= 0)"),
     RequestField("stop", "STRING", True, "stop", "--stop", "stop", "user stop string (repeatable)"),
+    RequestField("include_stop_str_in_output", "BOOL", False, "include_stop_str_in_output",
+                 "--include-stop-str-in-output", "include_stop_str_in_output",
+                 "keep the matched stop string in the text (default: left out, as in OpenAI's API and vLLM)"),
     RequestField("mode", "STRING", False, "mode", "--mode", "mode", " | ".join(MODES)),
     RequestField("gamma", "INT64", False, "gamma", "--gamma", "gamma", "lookahead depth: drafted steps per cycle"),
     RequestField("judge", "STRING", False, "judge", "--judge", "judge",
@@ -114,6 +120,7 @@ class LRRequest(BaseModel):
     top_k: Int64 | None = None
     seed: Int64 | None = None
     stop: list[StrictStr] | None = None
+    include_stop_str_in_output: StrictBool = False
     mode: Mode | None = None
     gamma: Int64 | None = None
     judge: JudgeName | None = None
@@ -126,6 +133,11 @@ class LRRequest(BaseModel):
     def chat(self) -> list[dict] | None:
         """The messages as plain dicts (what the engines' chat templates take), or None."""
         return None if self.messages is None else [m.model_dump() for m in self.messages]
+
+    def trimmer(self, options: LROptions) -> StopTrimmer:
+        """What every front applies to the text it returns: the matched stop string (of ``options.stop``, the
+        stops the loop ran with) left out unless ``include_stop_str_in_output``."""
+        return StopTrimmer(() if self.include_stop_str_in_output else options.stop)
 
     def options(self, defaults: LROptions) -> LROptions:
         """The one conversion to loop options: ``defaults`` with every given field set (validated by

@@ -1,4 +1,5 @@
-"""Reasoning steps: what a step is, how text splits into steps, and reasoning/answer separation.
+"""Reasoning steps: what a step is, how text splits into steps, and what the user sees of them (reasoning/answer
+separation, the matched stop string left out).
 
 A step (docs/design.md section 1.1) is a span of whole tokens that ends with the token completing the delimiter
 (default ``"\\n\\n"``, as in the paper), with EOS, or when ``max_step_tokens`` (default 100) is reached. A
@@ -167,3 +168,44 @@ def _partial_suffix(text: str, tag: str) -> int:
         if text.endswith(tag[:k]):
             return k
     return 0
+
+
+class StopTrimmer:
+    """Leaves the matched user stop string out of the text the user sees, as OpenAI's API and vLLM do (vLLM's
+    ``include_stop_str_in_output`` keeps it; docs.vllm.ai, ``SamplingParams``). The engines keep their step
+    semantics (the text ends with the token that completed the stop string); the fronts trim with this.
+
+    The generated text ends right after the first stop string, so only its end can be one: while streaming, the
+    longest tail that is (the start of) a stop string is held back until the next piece or :meth:`finish`
+    decides it.
+
+    Args:
+        stops: the request's stop strings (empty ones ignored; an empty list trims nothing).
+    """
+
+    def __init__(self, stops) -> None:
+        self.stops = [s for s in (stops or []) if s]
+        self.held = ""
+
+    def feed(self, text: str) -> str:
+        """The part of ``text`` (after what was held) that can be shown now."""
+        text = self.held + text
+        keep = max([k for s in self.stops for k in range(min(len(s), len(text)), 0, -1)
+                    if text.endswith(s[:k])] + [0])
+        self.held = text[len(text) - keep:]
+        return text[:len(text) - keep]
+
+    def finish(self, stopped: bool) -> str:
+        """What was held, without the stop string when the answer ended on one (``stopped``: finish reason
+        ``stop``)."""
+        held, self.held = self.held, ""
+        if stopped:
+            for s in sorted(self.stops, key=len, reverse=True):
+                if held.endswith(s):
+                    return held[:-len(s)]
+        return held
+
+    def apply(self, text: str, stopped: bool) -> str:
+        """The last piece: ``text`` (a whole answer, or ``""`` at the end of a stream) with what was held,
+        trimmed as :meth:`finish` does."""
+        return self.feed(text) + self.finish(stopped)

@@ -76,6 +76,37 @@ def test_http_generate_and_generate_stream(triton_server, items):
         assert plain.metrics["generated_tokens"] == ref.metrics["generated_tokens"]
 
 
+def test_triton_generate_leaves_the_stop_string_out(triton_server, items):
+    """Triton's own endpoints (gRPC stream, HTTP ``generate`` and ``generate_stream``) leave the matched stop
+    string out as OpenAI and vLLM do, ``include_stop_str_in_output`` keeps it (issue 23). The stop string spans a
+    step break, so streaming must hold back the end of a step that starts it."""
+    grpc = TritonLRClient(triton_server.grpc_url, "grpc")
+    http = TritonLRClient(triton_server.http_url, "http")
+    ar = {"mode": "ar", "max_tokens": MAX_TOKENS}  # lossless: the same text with and without the stop
+    prompt = items[0].prompt
+
+    async def go():
+        free = (await grpc.generate(prompt, **ar)).text
+        brk = free.find("\n\n")
+        assert 0 < brk < len(free) - 4  # the answer has a step break with text after it
+        stop = free[brk - 2:brk + 4]
+        cut = free.find(stop)
+        runs = {}
+        for name, client, stream in (("grpc", grpc, True), ("http", http, False), ("http_stream", http, True)):
+            ans = await client.generate(prompt, stream=stream, stop=[stop], **ar)
+            kept = await client.generate(prompt, stream=stream, stop=[stop], include_stop_str_in_output=True, **ar)
+            runs[name] = (ans, kept)
+        return free, cut, stop, runs
+
+    free, cut, stop, runs = _run(go())
+    for name, (ans, kept) in runs.items():
+        assert ans.metrics["finish_reason"] == "stop", name
+        assert ans.text == free[:cut], name
+        assert kept.text == free[:cut + len(stop)], name
+        streamed = [c for c in ans.chunks if c.metrics is None]
+        assert not streamed or sum(c.token_count for c in ans.chunks) == ans.metrics["generated_tokens"], name
+
+
 def test_openai_front(openai_front, items):
     import openai
 

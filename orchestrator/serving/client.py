@@ -95,11 +95,14 @@ def _inputs(prompt, messages, stream: bool, params: dict) -> dict[str, np.ndarra
     return out
 
 
-def _chunk(text: str, metrics_json: str) -> StepChunk:
+def _chunk(text: str, metrics_json: str, stream: bool) -> StepChunk:
+    """A response as a chunk: a step (its metrics hold ``step_tokens``) or the final response (the request's
+    metrics; its text is the whole answer when not streaming, else what the server held back at a possible stop
+    string, whose tokens were counted with their steps)."""
     info = json.loads(metrics_json) if metrics_json else {}
     if "step_tokens" in info:
         return StepChunk(text, info["step_tokens"], info.get("source"), info.get("depth"))
-    return StepChunk(text, info.get("generated_tokens", 0) if text else 0, metrics=info or None)
+    return StepChunk(text, 0 if stream or not text else info.get("generated_tokens", 0), metrics=info or None)
 
 
 class TritonLRClient:
@@ -124,7 +127,7 @@ class TritonLRClient:
         """
         inputs = _inputs(prompt, messages, True, params)
         if self.protocol == "grpc":
-            async for c in self._grpc(inputs):
+            async for c in self._grpc(inputs, stream=True):
                 yield c
         else:
             async for c in self._http(inputs, stream=True):
@@ -136,13 +139,13 @@ class TritonLRClient:
             chunks = [c async for c in self.stream(prompt, messages, **params)]
         else:
             inputs = _inputs(prompt, messages, False, params)
-            gen = self._grpc(inputs) if self.protocol == "grpc" else self._http(inputs, stream=False)
+            gen = self._grpc(inputs, stream=False) if self.protocol == "grpc" else self._http(inputs, stream=False)
             chunks = [c async for c in gen]
-        text = "".join(c.text for c in chunks)  # a streamed answer's final chunk has empty text
+        text = "".join(c.text for c in chunks)
         metrics = next((c.metrics for c in reversed(chunks) if c.metrics is not None), {})
         return Answer(text, metrics, chunks)
 
-    async def _grpc(self, inputs: dict[str, np.ndarray]) -> AsyncIterator[StepChunk]:
+    async def _grpc(self, inputs: dict[str, np.ndarray], stream: bool) -> AsyncIterator[StepChunk]:
         import tritonclient.grpc.aio as grpcclient
 
         client = grpcclient.InferenceServerClient(self.url)
@@ -169,7 +172,7 @@ class TritonLRClient:
                     if text_arr.size != 1 or metrics_arr is None or metrics_arr.size != 1:
                         raise ServerError(f"malformed response: text_output shape {list(text_arr.shape)}, metrics "
                                           f"shape {None if metrics_arr is None else list(metrics_arr.shape)}")
-                    yield _chunk(text_arr.reshape(-1)[0].decode(), metrics_arr.reshape(-1)[0].decode())
+                    yield _chunk(text_arr.reshape(-1)[0].decode(), metrics_arr.reshape(-1)[0].decode(), stream)
                 if final is not None and final.bool_param:
                     break
         finally:
@@ -190,7 +193,7 @@ class TritonLRClient:
                 data = r.json()
                 if r.status_code != 200 or "error" in data:
                     raise ServerError(data.get("error", r.text))
-                yield _chunk(data.get("text_output", ""), data.get("metrics", ""))
+                yield _chunk(data.get("text_output", ""), data.get("metrics", ""), False)
                 return
             async with client.stream("POST", url, json=body) as r:
                 if r.status_code != 200:
@@ -201,7 +204,7 @@ class TritonLRClient:
                     data = json.loads(line[5:])
                     if "error" in data:
                         raise ServerError(data["error"])
-                    yield _chunk(data.get("text_output", ""), data.get("metrics", ""))
+                    yield _chunk(data.get("text_output", ""), data.get("metrics", ""), True)
 
     async def server_profile(self) -> dict:
         """The serving profile's name and parameters, read from the model's configuration on the server."""

@@ -7,7 +7,7 @@ empty ``choices`` and the ``usage``). Request fields follow the OpenAI API (``pr
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``) plus the extensions ``top_k``,
 ``mode``, ``gamma`` and ``judge``. Bad input answers HTTP 400 with ``{"error": {"message", "type", "param"}}``.
 As in OpenAI's API and vLLM, the matched stop string is left out of the text (vLLM's
-``include_stop_str_in_output: true`` keeps it); Triton's own endpoints return the text with it.
+``include_stop_str_in_output: true`` keeps it); the server does it, as on every front.
 
 A completion's ``prompt`` may be a string, a list of strings (one choice per prompt, ``index`` in order; streamed
 chunks of the choices interleave) or token ids (a list of ints, or one list per prompt), which this front decodes
@@ -50,7 +50,6 @@ class _Body(BaseModel):
     model: str | None = None
     stream_options: StreamOptions | None = None
     max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
-    include_stop_str_in_output: bool = False  # vLLM's extension: keep the matched stop string in the text
     # OpenAI parameters this server does not implement: refused by name rather than ignored
     n: int | None = None
     best_of: int | None = None
@@ -94,34 +93,6 @@ class CompletionRequest(_Common):
 
 class ChatRequest(_Common):
     messages: list[dict]  # checked by the server (one definition: lookahead_reasoning.request.Message)
-
-
-class StopTrimmer:
-    """Leaves the matched user stop string out of the output, as OpenAI and vLLM return it (vLLM's
-    ``include_stop_str_in_output`` keeps it). The server's text ends right after the first stop string, so only
-    text at the end can be one: while streaming, the longest tail that is (the start of) a stop string is held
-    back until the next piece or the end of the answer decides it."""
-
-    def __init__(self, stops) -> None:
-        self.stops = [s for s in (stops or []) if s]
-        self.held = ""
-
-    def feed(self, text: str) -> str:
-        """The part of ``text`` (after what was held) that can be sent now."""
-        text = self.held + text
-        keep = max([k for s in self.stops for k in range(min(len(s), len(text)), 0, -1)
-                    if text.endswith(s[:k])] + [0])
-        self.held = text[len(text) - keep:]
-        return text[:len(text) - keep]
-
-    def finish(self, stopped: bool) -> str:
-        """What was held, without the stop string when the answer ended on one (``stopped``)."""
-        held, self.held = self.held, ""
-        if stopped:
-            for s in sorted(self.stops, key=len, reverse=True):
-                if held.endswith(s):
-                    return held[:-len(s)]
-        return held
 
 
 def _usage(*metrics: dict) -> dict[str, int]:
@@ -252,10 +223,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
             for index, ans in enumerate(answers):
                 m = ans.metrics
                 finish = _finish(m.get("finish_reason"))
-                text = ans.text
-                if not body.include_stop_str_in_output:
-                    trim = StopTrimmer(params.get("stop"))
-                    text = trim.feed(text) + trim.finish(m.get("finish_reason") == "stop")
+                text = ans.text  # the server left the stop string out (unless include_stop_str_in_output)
                 if kind == "chat":
                     reasoning, content = split_reasoning(text, parser)
                     message = {"role": "assistant", "content": content}
@@ -308,7 +276,6 @@ def create_app(grpc_url: str, model_name: str | None = None):
         async def one_choice(index: int, first, agen, final_metrics: list):
             """This choice's chunks (as ``choices`` entries); its metrics go to ``final_metrics[index]``."""
             splitter = ReasoningStream(parser) if kind == "chat" else None
-            trim = StopTrimmer([] if body.include_stop_str_in_output else params.get("stop"))
             first_chunk = True
             pending = [first] if first is not None else []
             while True:
@@ -321,7 +288,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
                         break
                 if c.metrics is not None:
                     final_metrics[index] = c.metrics
-                    rest = trim.finish(c.metrics.get("finish_reason") == "stop")
+                    rest = c.text  # what the server held back at a possible stop string (usually "")
                     reasoning, text = splitter.feed(rest) if splitter is not None else ("", rest)
                     if splitter is not None:
                         r2, t2 = splitter.flush()
@@ -330,7 +297,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
                         yield choice(index, text, None, first_chunk, reasoning)
                     yield choice(index, None if kind == "chat" else "", _finish(c.metrics.get("finish_reason")))
                     break
-                piece = trim.feed(c.text)
+                piece = c.text
                 reasoning, text = splitter.feed(piece) if splitter is not None else ("", piece)
                 if reasoning or text or first_chunk:
                     yield choice(index, text, None, first_chunk, reasoning)

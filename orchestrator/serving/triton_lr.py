@@ -4,8 +4,11 @@ A decoupled Python-backend model with ``async def execute``: for each request it
 Reasoning loop (:class:`~lookahead_reasoning.lookahead.LookaheadReasoner`) over the ``draft``, ``target`` and
 ``judge`` role models called through BLS (:class:`~lookahead_reasoning.backends.triton_bls.TritonBLSEngine`),
 sends one response per decided step when ``stream`` is true (``text_output`` = the step, ``metrics`` = JSON
-``{"step_tokens", "source", "depth"}``), and ends with a response holding an empty ``text_output`` and the
-request's metrics as JSON (with ``stream`` false: one response with the whole text and the metrics). Requests run side by side.
+``{"step_tokens", "source", "depth"}``), and ends with a response holding the request's metrics as JSON and a
+``text_output`` that is usually empty (with ``stream`` false: one response with the whole text and the metrics).
+The matched stop string is left out of ``text_output`` unless ``include_stop_str_in_output`` (as OpenAI and vLLM):
+while streaming, a step's tail that may be the start of a stop string is held back and sent with the next step or
+in the final response. Requests run side by side.
 
 Limits (model parameters): ``max_tokens_limit`` (largest ``max_tokens`` accepted), ``max_prompt_bytes``,
 ``max_concurrency`` (requests in flight in this instance; more are refused), ``bls_threads`` (worker threads
@@ -152,7 +155,7 @@ class LookaheadReasoningModel:
             if unknown:
                 raise ValueError(f"{unknown[0]}: unknown input (inputs: {', '.join(TRITON_INPUTS)})")
             req, opts = parse_request(decode_inputs(get), self.profile.options, self.limits)
-            stream, mode = req.stream, opts.mode
+            stream, mode, trim = req.stream, opts.mode, req.trimmer(opts)
             gen = self.reasoner.stream(req.prompt, req.chat(), opts, checked=True)  # parse_request checked it
             result, last_step = None, None
             try:
@@ -174,13 +177,15 @@ class LookaheadReasoningModel:
                     last_step = now
                     if stream:
                         info = {"step_tokens": event.token_count, "source": event.source, "depth": event.depth}
-                        sender.send(self._response(event.text, json.dumps(info)))
+                        sender.send(self._response(trim.feed(event.text), json.dumps(info)))
             finally:
                 await gen.aclose()
             out = result.metrics.to_dict()
             out["finish_reason"] = result.finish_reason
             metrics.record_request(mode, result.metrics)
-            sender.send(self._response("" if stream else result.text, json.dumps(out)), flags=final)
+            # the final response: the whole text (not streaming) or what the stop trimmer held back (may be "")
+            rest = trim.apply("" if stream else result.text, result.finish_reason == "stop")
+            sender.send(self._response(rest, json.dumps(out)), flags=final)
             e2e = time.perf_counter() - t0
             if not stream:
                 metrics.observe("lookahead_time_to_first_token_seconds", e2e, mode=mode)
