@@ -142,10 +142,10 @@ def cycle_profile(r, ar, cost) -> dict | None:
     model = lambda x: x * cost.target_step_seconds / t  # noqa: E731
     return {"T_ms": 1e3 * t, "steps_per_cycle": r.steps / r.cycles, "mean_gamma": r.gamma_sum / r.cycles,
             "drafted_steps_per_cycle": r.drafted_steps / r.cycles,
-            "longest_branch_forwards": r.target_call_forwards / r.target_calls,
-            "rows_per_forward": r.target_forward_passes / r.target_call_forwards,
-            "draft": per(r.draft_seconds), "target": per(r.target_seconds), "judge": per(r.judge_seconds),
-            "other": per(r.seconds - r.draft_seconds - r.target_seconds - r.judge_seconds),
+            "longest_branch_forwards": r.target.call_forwards / r.target.calls,
+            "rows_per_forward": r.target.forward_passes / r.target.call_forwards,
+            "draft": per(r.draft.seconds), "target": per(r.target.seconds), "judge": per(r.judge_seconds),
+            "other": per(r.seconds - r.draft.seconds - r.target.seconds - r.judge_seconds),
             "total": per(r.seconds), "model_draft": model(terms["draft"]),
             "model_target": model(terms["target"] + terms["prefill"]), "model_judge": model(terms["judge"])}
 

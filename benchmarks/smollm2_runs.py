@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from tqdm import tqdm
@@ -120,9 +119,9 @@ def summarize(per: list[dict], cost=None) -> dict:
     (lookahead_reasoning.metrics, equation (1)) when a cost model was calibrated."""
     ms = [p["metrics"] for p in per]
     total = RequestMetrics()
-    names = {f.name for f in fields(RequestMetrics)}
     for m in ms:
-        total.merge(RequestMetrics(**{k: v for k, v in m.items() if k in names}))
+        total.merge(RequestMetrics.from_dict(m))
+    t, d = total.target, total.draft
     tot = lambda k: sum(m[k] or 0 for m in ms)  # noqa: E731
     graded = [p["correct"] for p in per if p["correct"] is not None]
     seconds = tot("seconds")
@@ -144,15 +143,14 @@ def summarize(per: list[dict], cost=None) -> dict:
         "accepted_steps": tot("accepted_steps"),
         "steps_per_cycle": tot("steps") / tot("cycles") if tot("cycles") else None,
         "tokens_per_step": tot("generated_tokens") / tot("steps") if tot("steps") else None,
-        "draft_token_share": tot("draft_tokens") / tot("generated_tokens") if tot("generated_tokens") else None,
-        "draft_seconds_share": tot("draft_seconds") / seconds if seconds else None,
-        "target_seconds_share": tot("target_seconds") / seconds if seconds else None,
+        "draft_token_share": d.tokens / tot("generated_tokens") if tot("generated_tokens") else None,
+        "draft_seconds_share": d.seconds / seconds if seconds else None,
+        "target_seconds_share": t.seconds / seconds if seconds else None,
         "judge_seconds_share": tot("judge_seconds") / seconds if seconds else None,
-        "judge_seconds": tot("judge_seconds"), "draft_seconds": tot("draft_seconds"),
-        "target_seconds": tot("target_seconds"),
+        "judge_seconds": tot("judge_seconds"), "draft_seconds": d.seconds, "target_seconds": t.seconds,
         "judge_ms_per_cycle": 1e3 * tot("judge_seconds") / tot("cycles") if tot("cycles") else None,
-        "target_branches_per_cycle": tot("target_branches") / tot("cycles") if tot("cycles") else None,
-        "sd_tokens_per_forward": tot("target_call_tokens") / tot("target_forward_passes") if tot("target_forward_passes") else None,
+        "target_branches_per_cycle": t.branches / tot("cycles") if tot("cycles") else None,
+        "sd_tokens_per_forward": t.call_tokens / t.forward_passes if t.forward_passes else None,
         "judge_fallbacks": tot("fallbacks"),
         "speedup_estimate": total.estimate(cost),
         "bound_free_draft_and_judge": total.estimate(cost, free_draft_and_judge=True),

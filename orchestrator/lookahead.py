@@ -434,12 +434,6 @@ def with_overrides(defaults: LROptions, **overrides) -> LROptions:
     return result
 
 
-def _prefill_tokens(results) -> int:
-    """Prompt tokens a call computed in prefill forwards (the last prompt token is fed by the first decoding
-    forward, which the engine counts as computed too)."""
-    return sum(max(0, r.counters.prefill_tokens_computed - 1) for r in results)
-
-
 def _same_vocab(a: Engine, b: Engine) -> bool:
     ta, tb = getattr(a, "tokenizer", None), getattr(b, "tokenizer", None)
     if ta is None or tb is None:
@@ -452,8 +446,7 @@ class _Run:
 
     def __init__(self, owner: LookaheadReasoner, opts: LROptions, ctx: _Context) -> None:
         self.reasoner, self.opts, self.ctx = owner, opts, ctx
-        self.metrics = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids),
-                                target_sd_method=opts.target_sd.method)
+        self.metrics = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids), sd_method=opts.target_sd.method)
         self.draft_ok = opts.speculative
         self.controller = owner.controller(opts) if opts.adaptive_gamma else None
         self.overloaded = False  # adaptive gamma's cap is 0: no step nor token speculation this cycle
@@ -488,7 +481,7 @@ class _Run:
             raise
         except Exception as exc:
             raise RuntimeError(f"target model failed: {type(exc).__name__}: {exc}") from exc
-        self.metrics.target_seconds += time.perf_counter() - t0
+        self.metrics.target.seconds += time.perf_counter() - t0
         return self._target_results(results)
 
     async def _target_result(self, fut: asyncio.Future, deadline: float | None) -> GenerationResult:
@@ -505,24 +498,8 @@ class _Run:
             raise RuntimeError(f"target model failed: {type(exc).__name__}: {exc}") from exc
 
     def _target_results(self, results: list[GenerationResult]) -> list[Step]:
-        self._account_target(results)
+        self.metrics.target.account(results)
         return [self._step_of(r) for r in results]
-
-    def _account_target(self, results: list[GenerationResult]) -> None:
-        """Count one target call's work (cancelled branches included: their forwards were run)."""
-        self.metrics.target_calls += 1
-        self.metrics.target_branches += len(results)
-        self.metrics.target_cancelled_branches += sum(r.finish_reason == "cancelled" for r in results)
-        self.metrics.target_call_forwards += max((r.counters.forward_passes for r in results), default=0)
-        prefill = _prefill_tokens(results)
-        self.metrics.target_prefill_tokens += prefill
-        self.metrics.target_prefill_calls += prefill > 0
-        for r in results:
-            self.metrics.target_call_tokens += len(r.token_ids)
-            self.metrics.target_forward_passes += r.counters.forward_passes
-            self.metrics.target_forward_positions += r.counters.forward_positions
-            self.metrics.target_drafted_tokens += r.counters.drafted_tokens
-            self.metrics.target_accepted_tokens += r.counters.accepted_tokens
 
     def _step_of(self, r: GenerationResult) -> Step:
         draft_ids = r.token_ids if self.reasoner.shared_tokenizer or self.reasoner.draft is None else self.reasoner.draft.encode(r.text)
@@ -558,20 +535,9 @@ class _Run:
             self.metrics.draft_failures += 1
             return None
         finally:
-            self.metrics.draft_seconds += time.perf_counter() - t0
-        self._account_draft(results)
+            self.metrics.draft.seconds += time.perf_counter() - t0
+        self.metrics.draft.account(results)
         return results
-
-    def _account_draft(self, results: list[GenerationResult]) -> None:
-        """Count one draft call's work."""
-        prefill = _prefill_tokens(results)
-        self.metrics.draft_prefill_tokens += prefill
-        self.metrics.draft_prefill_calls += prefill > 0
-        for r in results:
-            self.metrics.draft_call_tokens += len(r.token_ids)
-            self.metrics.draft_forward_passes += r.counters.forward_passes
-            self.metrics.draft_forward_positions += r.counters.forward_positions
-            self.metrics.draft_proposed_tokens += r.counters.drafted_tokens
 
     async def _draft_chain(self, prefix: list[int], budget: int, gamma: int) -> list[Step] | None:
         """Draft ``gamma`` steps in ONE engine call that stops at the ``gamma``-th delimiter (each step capped at
@@ -638,10 +604,8 @@ class _Run:
                         "length", step.source)
         self.ctx.commit(step)
         self.metrics.steps += 1
-        if step.source == "draft":
-            self.metrics.draft_tokens += len(ids)
-        else:
-            self.metrics.target_tokens += len(ids)
+        getattr(self.metrics, step.source).tokens += len(ids)
+        if step.source == "target":
             self.metrics.target_steps += 1
         if self.metrics.ttft_seconds is None:
             self.metrics.ttft_seconds = time.perf_counter() - self.t0
@@ -727,7 +691,7 @@ class _Run:
         All ``len(prefixes)`` branches run in one engine group (:func:`start_requests`); once all are done, the
         drafted step(s) of every depth are judged in one judge call and decided in depth order: the drafts up to
         the first rejection are committed, then ``t_j`` of that depth (or the bonus step if every draft holds).
-        ``target_seconds`` counts the call's wall time.
+        ``metrics.target.seconds`` counts the call's wall time.
         """
         t0 = time.perf_counter()
         deadline = t0 + self.opts.target_timeout_s if self.opts.target_timeout_s else None
@@ -742,8 +706,8 @@ class _Run:
             group.cancel(range(len(prefixes)))
             raise
         finally:
-            self.metrics.target_seconds += time.perf_counter() - t0
-        self._account_target(results)
+            self.metrics.target.seconds += time.perf_counter() - t0
+        self.metrics.target.account(results)
         depths = min(len(prefixes), len(chain))
         pairs = [(i, d) for i in range(depths) for d in candidates[i] if d.complete]
         verdicts = await self._verify([(self._step_of(results[i]), d) for i, d in pairs]) if pairs else []

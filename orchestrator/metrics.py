@@ -60,17 +60,91 @@ def iid_steps_per_cycle(alpha: float, gamma: float) -> float:
 
 
 @dataclass
+class RoleCounters:
+    """One role's engine calls in a request (or a run, after :meth:`merge`): the one record of what the target's
+    and the draft's calls did, filled by :meth:`account`. Token counts are the role's own tokenizer's, except
+    ``tokens``; times are wall-clock seconds.
+
+    Attributes:
+        seconds: wall time of the role's calls as the loop waited for them.
+        tokens: tokens of this role's steps kept in the answer (target tokenizer).
+        calls: engine calls; ``branches``: rows over all calls (the target's branches of a cycle);
+            ``cancelled_branches``: rows cancelled before they finished (their forwards were run and count).
+        call_tokens: tokens the calls wrote, kept or not.
+        call_forwards: per call, the decoding forwards of its longest row, summed (``F_p`` / ``F_q`` of the speed
+            model: a call lasts until its last row ends).
+        forward_passes: decoding forwards summed over rows; ``forward_positions``: the positions per row those
+            forwards computed (padded widths, :class:`~.backends.base.GenerationCounters`).
+        proposed_tokens, accepted_tokens: token-level SD proposals inside the calls, and those that reached the
+            output.
+        prefill_tokens, prefill_calls: prompt tokens computed rather than served from the prefix cache, in that
+            many calls (the last prompt token, fed by the first decoding forward, is not counted).
+        lookup_tokens, cached_tokens: prompt tokens looked up in the engine's prefix cache, and those served
+            from it (hits), as vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits``.
+        queue_seconds: per call, the longest wait of its rows between submission and admission to the
+            engine's running batch, summed (0 where the backend does not report it).
+    """
+
+    seconds: float = 0.0
+    tokens: int = 0
+    calls: int = 0
+    branches: int = 0
+    cancelled_branches: int = 0
+    call_tokens: int = 0
+    call_forwards: int = 0
+    forward_passes: int = 0
+    forward_positions: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_calls: int = 0
+    lookup_tokens: int = 0
+    cached_tokens: int = 0
+    queue_seconds: float = 0.0
+
+    def account(self, results) -> None:
+        """Count one engine call from its ``GenerationResult`` s (rows; cancelled ones included)."""
+        self.calls += 1
+        self.branches += len(results)
+        self.cancelled_branches += sum(r.finish_reason == "cancelled" for r in results)
+        self.call_forwards += max((r.counters.forward_passes for r in results), default=0)
+        prefill = sum(max(0, r.counters.prefill_tokens_computed - 1) for r in results)
+        self.prefill_tokens += prefill
+        self.prefill_calls += prefill > 0
+        self.queue_seconds += max((r.counters.queue_seconds for r in results), default=0.0)
+        for r in results:
+            c = r.counters
+            self.call_tokens += len(r.token_ids)
+            self.forward_passes += c.forward_passes
+            self.forward_positions += c.forward_positions
+            self.proposed_tokens += c.drafted_tokens
+            self.accepted_tokens += c.accepted_tokens
+            self.lookup_tokens += c.prefill_tokens_computed + c.prefill_tokens_cached
+            self.cached_tokens += c.prefill_tokens_cached
+
+    def merge(self, other: "RoleCounters") -> None:
+        """Add ``other``'s counts and times."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def width(self) -> float:
+        """Mean positions per row per decoding forward: the padded width the engine reports, else 1 plus the SD
+        proposals per forward (1 without forwards)."""
+        if not self.forward_passes:
+            return 1.0
+        return (self.forward_positions or self.forward_passes + self.proposed_tokens) / self.forward_passes
+
+
+@dataclass
 class RequestMetrics:
     """What one request did (or, after :meth:`merge`, a run). Times are wall-clock seconds; token counts are
-    target-tokenizer tokens, except ``draft_call_tokens`` (all tokens the draft wrote, accepted or not),
-    ``draft_forward_passes``, ``draft_proposed_tokens`` (token-level SD proposals inside the draft's calls)
-    and ``draft_prefill_*``, which count the draft's own tokens. ``target_call_tokens`` /
-    ``target_forward_passes`` / ``target_drafted_tokens`` are the same for the target's calls
-    (``target_branches`` branches in ``target_calls`` calls, of which ``target_cancelled_branches`` were cancelled
-    once a shallower branch's draft was rejected; forwards summed over branches), and
-    ``target_call_forwards`` sums each call's longest branch's forwards, ``*_forward_positions`` the positions
-    per row those forwards computed (padded widths, see ``GenerationCounters``). ``*_prefill_tokens`` are
-    prompt tokens computed rather than served from the prefix cache, in ``*_prefill_calls`` calls.
+    target-tokenizer tokens. What the target's and the draft's engine calls did is in ``target`` and ``draft``
+    (:class:`RoleCounters`); ``sd_method`` is the token-level SD method inside the target's calls.
+    ``steps`` / ``target_steps``: steps in the answer, and those the target wrote; ``drafted_steps``: steps the
+    draft wrote, ``verified_steps`` / ``accepted_steps`` those the judge saw and kept (by depth in
+    ``verified_by_depth`` / ``accepted_by_depth``); ``fallbacks``: judge calls that failed (drafts rejected);
+    ``draft_failures``: draft calls that failed (the request went on target-only); ``gamma_sum``: drafted depth
+    summed over cycles.
 
     In asynchronous mode the role times overlap, so they can sum to more than ``seconds``.
     """
@@ -88,29 +162,10 @@ class RequestMetrics:
     accepted_steps: int = 0
     accepted_by_depth: list[int] = field(default_factory=list)
     verified_by_depth: list[int] = field(default_factory=list)
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
     judge_seconds: float = 0.0
-    draft_tokens: int = 0
-    target_tokens: int = 0
-    draft_call_tokens: int = 0
-    draft_forward_passes: int = 0
-    draft_proposed_tokens: int = 0
-    target_calls: int = 0
-    target_call_forwards: int = 0
-    target_prefill_tokens: int = 0
-    target_prefill_calls: int = 0
-    draft_prefill_tokens: int = 0
-    draft_prefill_calls: int = 0
-    target_forward_passes: int = 0
-    target_forward_positions: int = 0
-    draft_forward_positions: int = 0
-    target_branches: int = 0
-    target_cancelled_branches: int = 0
-    target_call_tokens: int = 0
-    target_drafted_tokens: int = 0
-    target_accepted_tokens: int = 0
-    target_sd_method: str = "none"
+    target: RoleCounters = field(default_factory=RoleCounters)
+    draft: RoleCounters = field(default_factory=RoleCounters)
+    sd_method: str = "none"
     fallbacks: int = 0
     draft_failures: int = 0
     gamma_sum: int = 0
@@ -140,24 +195,20 @@ class RequestMetrics:
         """The terms of equation (1)'s cost per cycle, in target forwards: ``draft`` (``c v_q F_q`` plus the
         draft's prefill), ``target`` (``F_p (u(r, w_p) + (w_p - 1) c')``), ``prefill`` (the target's ``Pi``) and
         ``judge`` (``J``). None without a cost model or a target call."""
-        if cost is None or not self.cycles or not self.target_call_forwards:
+        t, d = self.target, self.draft
+        if cost is None or not self.cycles or not t.call_forwards:
             return None
         per_cycle = lambda x: x / self.cycles  # noqa: E731
         c = cost.c or 0.0
         mean = lambda tokens, calls: tokens / calls if calls else 0.0  # noqa: E731
-        # positions per row per forward: the padded width the engine reports, else 1 + SD proposals
-        w_t = mean(self.target_forward_positions, self.target_forward_passes) or \
-            1 + mean(self.target_drafted_tokens, self.target_forward_passes)
-        w_d = mean(self.draft_forward_positions, self.draft_forward_passes) or \
-            1 + mean(self.draft_proposed_tokens, self.draft_forward_passes)
-        draft = c * (cost.forward_cost(w_d, draft=True) * per_cycle(self.draft_forward_passes)
-                     + cost.forward_cost(mean(self.draft_prefill_tokens, self.draft_prefill_calls), draft=True)
-                     * per_cycle(self.draft_prefill_calls))
-        proposal = (w_t - 1) * c if self.target_sd_method == "draft_model" else 0.0
-        rows = self.target_forward_passes / self.target_call_forwards
-        target = per_cycle(self.target_call_forwards) * (cost.call_forward_cost(rows, w_t) + proposal)
-        prefill = cost.forward_cost(mean(self.target_prefill_tokens, self.target_prefill_calls)) * \
-            per_cycle(self.target_prefill_calls)
+        w_t, w_d = t.width(), d.width()
+        draft = c * (cost.forward_cost(w_d, draft=True) * per_cycle(d.forward_passes)
+                     + cost.forward_cost(mean(d.prefill_tokens, d.prefill_calls), draft=True)
+                     * per_cycle(d.prefill_calls))
+        proposal = (w_t - 1) * c if self.sd_method == "draft_model" else 0.0
+        rows = t.forward_passes / t.call_forwards
+        target = per_cycle(t.call_forwards) * (cost.call_forward_cost(rows, w_t) + proposal)
+        prefill = cost.forward_cost(mean(t.prefill_tokens, t.prefill_calls)) * per_cycle(t.prefill_calls)
         return {"draft": draft, "target": target, "prefill": prefill,
                 "judge": per_cycle(self.judge_seconds) / cost.target_step_seconds}
 
@@ -188,13 +239,15 @@ class RequestMetrics:
 
     def merge(self, other: "RequestMetrics") -> None:
         """Add ``other``'s counts and times to this one (a run's totals; rates are then recomputed from them).
-        Labels (``mode``, ``target_sd_method``) are taken from ``other`` while still at their defaults; the
+        Labels (``mode``, ``sd_method``) are taken from ``other`` while still at their defaults; the
         per-request ``ttft_seconds`` and ``speedup_estimate`` stay None in a total."""
         for f in fields(self):
             if f.name in ("ttft_seconds", "speedup_estimate"):
                 continue
             a, b = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(a, list):
+            if isinstance(a, RoleCounters):
+                a.merge(b)
+            elif isinstance(a, list):
                 a.extend([0] * (len(b) - len(a)))
                 for i, x in enumerate(b):
                     a[i] += x
@@ -203,6 +256,20 @@ class RequestMetrics:
                     setattr(self, f.name, b)
             else:
                 setattr(self, f.name, a + b)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RequestMetrics":
+        """The inverse of :meth:`to_dict` (derived keys such as ``tokens_per_s`` and unknown keys ignored).
+
+        Raises:
+            TypeError: a role record holds an unknown key.
+        """
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        for role in ("target", "draft"):
+            if isinstance(kw.get(role), dict):
+                kw[role] = RoleCounters(**kw[role])
+        return cls(**kw)
 
     def record_depth(self, depth: int, accepted: bool) -> None:
         for lst in (self.accepted_by_depth, self.verified_by_depth):

@@ -50,7 +50,7 @@ def test_draft_model_sd_alone_runs(tiny_profile, tmp_path):
     out = _cli("generate", "--config", str(path), "--prompt", "Step 1: 4 + 4", "--json", "--mode", "sd")
     assert out.returncode == 0, out.stderr
     sd = json.loads(out.stdout)
-    assert sd["metrics"]["target_sd_method"] == "draft_model" and sd["metrics"]["generated_tokens"] > 0
+    assert sd["metrics"]["sd_method"] == "draft_model" and sd["metrics"]["generated_tokens"] > 0
     ar = json.loads(_cli("generate", "--config", str(path), "--prompt", "Step 1: 4 + 4", "--json", "--mode", "ar").stdout)
     assert sd["text"] == ar["text"]  # greedy SD is lossless
     report = tmp_path / "eval.json"  # and in eval, on the same items

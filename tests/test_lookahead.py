@@ -125,8 +125,8 @@ def test_metrics_are_consistent(trio, delimiter):
     m = r.run(PROMPTS[2], options=_opts(delimiter, mode="lr+sd")).metrics
     assert m.steps == len([1 for _ in range(m.steps)]) and m.cycles >= 1
     assert m.accepted_steps == sum(m.accepted_by_depth) <= m.verified_steps == sum(m.verified_by_depth)
-    assert m.draft_tokens + m.target_tokens == m.generated_tokens
-    assert m.target_accepted_tokens <= m.target_drafted_tokens
+    assert m.draft.tokens + m.target.tokens == m.generated_tokens
+    assert m.target.accepted_tokens <= m.target.proposed_tokens
     assert m.acceptance_rate is None or 0.0 <= m.acceptance_rate <= 1.0
 
 
@@ -192,6 +192,6 @@ def test_overloaded_adaptive_gamma_stops_step_and_token_speculation(trio, delimi
         busy = r.run(PROMPTS[0], options=opts)
     finally:
         r.requests_in_flight = 0
-    assert calm.metrics.drafted_steps > 0 and calm.metrics.target_drafted_tokens > 0
-    assert busy.metrics.drafted_steps == 0 and busy.metrics.target_drafted_tokens == 0
+    assert calm.metrics.drafted_steps > 0 and calm.metrics.target.proposed_tokens > 0
+    assert busy.metrics.drafted_steps == 0 and busy.metrics.target.proposed_tokens == 0
     assert busy.text == calm.text == ar.text  # exact judge, greedy: lossless either way

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from lookahead_reasoning.lookahead import AdaptiveGamma, LROptions
 from lookahead_reasoning.calibration import CostModel
-from lookahead_reasoning.metrics import RequestMetrics, iid_steps_per_cycle
+from lookahead_reasoning.metrics import RequestMetrics, RoleCounters, iid_steps_per_cycle
 from lookahead_reasoning.steps import Step, StepConfig, split_reasoning, split_steps
 from lookahead_reasoning.verifiers import (NumericVerifier, RandomVerifier, VerifierConfig, make_verifier, normalize,
                                            numbers)
@@ -135,12 +135,15 @@ def test_iid_steps_per_cycle():
         iid_steps_per_cycle(0.5, -1)
 
 
-def _two_cycles(**extra) -> RequestMetrics:
-    """2 cycles of gamma 2 with 10-token steps: the first accepts both drafts, the second none."""
+def _two_cycles(sd_method: str = "none", **target) -> RequestMetrics:
+    """2 cycles of gamma 2 with 10-token steps: the first accepts both drafts, the second none (``target``: more
+    fields of the target's record)."""
     return RequestMetrics(cycles=2, steps=4, target_steps=2, generated_tokens=40, drafted_steps=4, verified_steps=3,
                           accepted_steps=2, accepted_by_depth=[1, 1], verified_by_depth=[2, 1],
-                          draft_forward_passes=40, target_calls=2, target_branches=6, target_call_forwards=20,
-                          target_forward_passes=60, target_call_tokens=60, judge_seconds=0.02, **extra)
+                          draft=RoleCounters(forward_passes=40),
+                          target=RoleCounters(calls=2, branches=6, call_forwards=20, forward_passes=60,
+                                              call_tokens=60, **target),
+                          judge_seconds=0.02, sd_method=sd_method)
 
 
 def test_estimate_from_counts():
@@ -157,18 +160,20 @@ def test_estimate_from_counts():
     assert m.estimate(cost, free_draft_and_judge=True) == pytest.approx(20 / 15)
     # prefill: 20 new prompt tokens per call cost v(20), extrapolated from v(2) = 1.1, v(8) = 1.7 -> 2.9
     wide = CostModel(0.01, 0.0025, b={3: 1.5}, width={2: 1.1, 8: 1.7})
-    p = _two_cycles(target_prefill_tokens=40, target_prefill_calls=2)
+    p = _two_cycles(prefill_tokens=40, prefill_calls=2)
     assert p.cycle_cost(wide)["prefill"] == pytest.approx(2.9)
     # n-gram SD in the target: 2 positions per forward cost v(2) = 1.1; a draft-model proposer adds c per token
-    sd = _two_cycles(target_drafted_tokens=60, target_sd_method="draft_model")
+    sd = _two_cycles(proposed_tokens=60, sd_method="draft_model")
     assert sd.cycle_cost(wide)["target"] == pytest.approx(10 * (1.5 * 1.1 + 0.25))
     # the engine's padded widths win over the mean proposals: 3 positions per row -> v(3) = 1.2, 2 proposals
-    padded = _two_cycles(target_drafted_tokens=60, target_forward_positions=180, target_sd_method="draft_model")
+    padded = _two_cycles(proposed_tokens=60, forward_positions=180, sd_method="draft_model")
     assert padded.cycle_cost(wide)["target"] == pytest.approx(10 * (1.5 * 1.2 + 2 * 0.25))
     total = RequestMetrics()
     total.merge(m)
     total.merge(m)
     assert total.cycles == 4 and total.accepted_by_depth == [2, 2] and total.estimate(cost) == pytest.approx(20 / 21)
+    assert total.target.calls == 4 and total.draft.forward_passes == 80 and m.target.calls == 2  # records add up
+    assert RequestMetrics.from_dict(total.to_dict()) == total  # the JSON form reads back
     assert RequestMetrics().estimate(cost) is None and m.estimate(None) is None
 
 
@@ -192,15 +197,15 @@ def test_call_forward_cost_uses_the_joint_rows_by_width_points():
     assert joint.call_forward_cost(3, 7) == pytest.approx(1.5 * 2.0 * g)  # beyond: the last correction held
     assert joint.call_forward_cost(1, 3) == pytest.approx(1.2)  # one row: v(w)
     assert joint.call_forward_cost(2, 3) == pytest.approx(1.25 * 1.2 * (1 + g) / 2)  # between one row and three
-    m = _two_cycles(target_drafted_tokens=40, target_forward_positions=180)  # 3 rows of 3 positions
+    m = _two_cycles(proposed_tokens=40, forward_positions=180)  # 3 rows of 3 positions
     assert m.cycle_cost(joint)["target"] == pytest.approx(10 * 2.0)
 
 
 def test_merge_keeps_labels_and_drops_per_request_values():
     total = RequestMetrics()
-    total.merge(RequestMetrics(mode="ar", target_sd_method="ngram", ttft_seconds=0.5, speedup_estimate=1.2, seconds=2.0))
-    total.merge(RequestMetrics(mode="ar", target_sd_method="ngram", ttft_seconds=0.7, speedup_estimate=1.4, seconds=1.0))
-    assert (total.mode, total.target_sd_method, total.seconds) == ("ar", "ngram", 3.0)
+    total.merge(RequestMetrics(mode="ar", sd_method="ngram", ttft_seconds=0.5, speedup_estimate=1.2, seconds=2.0))
+    total.merge(RequestMetrics(mode="ar", sd_method="ngram", ttft_seconds=0.7, speedup_estimate=1.4, seconds=1.0))
+    assert (total.mode, total.sd_method, total.seconds) == ("ar", "ngram", 3.0)
     assert total.ttft_seconds is None and total.speedup_estimate is None
 
 

@@ -350,6 +350,17 @@ def test_metrics_after_three_requests(triton_server, items):
         assert moved(name + "_sum", mode="lr+sd") > 0
     assert moved("lookahead_step_latency_seconds_count", mode="lr+sd") == sum(m["steps"] for m in runs) - 2
     assert len(steps) - 1 == streamed["steps"]
+    for role in ("target", "draft"):  # prefix cache and queue time per role, from the requests' role records
+        records = [m[role] for m in runs]
+        assert all(r["calls"] >= 1 for r in records)
+        assert moved("lookahead_prefix_cache_queries_total", role=role) == sum(r["lookup_tokens"] for r in records)
+        assert moved("lookahead_prefix_cache_hits_total", role=role) == sum(r["cached_tokens"] for r in records)
+        assert moved("lookahead_queue_time_seconds_count", role=role) == 2
+        assert moved("lookahead_queue_time_seconds_sum", role=role) == pytest.approx(
+            sum(r["queue_seconds"] for r in records), abs=1e-6)
+    target = [m["target"] for m in runs]
+    assert sum(r["cached_tokens"] for r in target) > 0  # a cycle's branches share the context: cache hits
+    assert all(r["queue_seconds"] > 0 for r in target)
 
 
 async def _collect(agen):

@@ -128,7 +128,8 @@ class GenerationCounters:
     ``drafted_tokens`` / ``accepted_tokens`` are token-level speculative decoding proposals and acceptances;
     ``forward_positions`` sums the new positions each decoding forward computed for this request (its row's
     padded width: 1 plus the most proposals of any row in that forward);
-    ``seconds`` is wall time from submission to completion.
+    ``seconds`` is wall time from submission to completion, ``queue_seconds`` from submission to admission into
+    the running batch (0 where a backend does not report it).
     """
 
     forward_passes: int = 0
@@ -138,6 +139,7 @@ class GenerationCounters:
     accepted_tokens: int = 0
     forward_positions: int = 0
     seconds: float = 0.0
+    queue_seconds: float = 0.0
 
     def add(self, other: "GenerationCounters") -> None:
         for name in self.__dataclass_fields__:

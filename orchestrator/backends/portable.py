@@ -449,6 +449,9 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
     # -- admission (prefill) ---------------------------------------------------------------------------
     def _admit(self, new: list[_Seq]) -> None:
         use_cache = self.config.prefix_cache
+        now = time.perf_counter()
+        for s in new:
+            s.counters.queue_seconds = now - s.t_submit
         new.sort(key=lambda s: s.n_prompt)
         # KV is needed for tokens[:-1]; the last prompt token is fed by the first decoding step.
         prefixes = [tuple(s.tokens[:-1]) for s in new]

@@ -13,6 +13,13 @@ Times (histograms, label ``mode``):
 - ``lookahead_time_to_first_step_seconds``: arrival to the first decided step (stream or not).
 - ``lookahead_step_latency_seconds``: time between consecutive decided steps (the step-level ITL).
 - ``lookahead_e2e_request_latency_seconds``: arrival to the final response.
+- ``lookahead_queue_time_seconds`` (label ``role``): per request, the time its calls of that role waited to
+  enter the role engine's running batch (vLLM's ``request_queue_time_seconds``, summed over the request's calls).
+  The time a request waits before this model starts it is Triton's own ``nv_inference_queue_duration_us``.
+
+Prefix cache (label ``role``), in prompt tokens as vLLM counts them: ``lookahead_prefix_cache_queries_total``
+(looked up) and ``lookahead_prefix_cache_hits_total`` (served from the cache); the hit rate is
+``rate(..._hits_total[5m]) / rate(..._queries_total[5m])``.
 
 Source: Triton Python backend custom metrics (``pb_utils.MetricFamily`` with ``COUNTER`` / ``GAUGE`` /
 ``HISTOGRAM``; ``Metric(labels=..., buckets=...)``, ``increment``, ``set``, ``observe``), python_backend README,
@@ -71,6 +78,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("lookahead_prefill_tokens_total", "prompt tokens computed, not served from the prefix cache, by role",
            "counter", ("role",)),
     Family("lookahead_prefill_calls_total", "calls that computed prompt tokens, by role", "counter", ("role",)),
+    Family("lookahead_prefix_cache_queries_total", "prompt tokens looked up in the role's prefix cache",
+           "counter", ("role",)),
+    Family("lookahead_prefix_cache_hits_total", "prompt tokens served from the role's prefix cache", "counter",
+           ("role",)),
+    Family("lookahead_queue_time_seconds", "per request, time its calls of the role waited to enter the role "
+           "engine's running batch", "histogram", ("role",), _STEP),
     Family("lookahead_time_to_first_token_seconds", "arrival to the first response with text", "histogram",
            ("mode",), _LATENCY),
     Family("lookahead_time_to_first_step_seconds", "arrival to the first decided step", "histogram", ("mode",),
@@ -142,8 +155,13 @@ class ServerMetrics:
         self.add("lookahead_judge_fallbacks_total", m.fallbacks, mode=mode)
         self.add("lookahead_draft_failures_total", m.draft_failures, mode=mode)
         for role in ROLES:
-            self.add("lookahead_prefill_tokens_total", getattr(m, f"{role}_prefill_tokens"), role=role)
-            self.add("lookahead_prefill_calls_total", getattr(m, f"{role}_prefill_calls"), role=role)
+            counts = getattr(m, role)
+            self.add("lookahead_prefill_tokens_total", counts.prefill_tokens, role=role)
+            self.add("lookahead_prefill_calls_total", counts.prefill_calls, role=role)
+            self.add("lookahead_prefix_cache_queries_total", counts.lookup_tokens, role=role)
+            self.add("lookahead_prefix_cache_hits_total", counts.cached_tokens, role=role)
+            if counts.calls:
+                self.observe("lookahead_queue_time_seconds", counts.queue_seconds, role=role)
 
 
 def error_reason(exc: BaseException) -> str:
