@@ -78,11 +78,6 @@ def pick_device(name: str) -> str:
     return name
 
 
-def n_params(model) -> int:
-    """Unique parameters (tied embeddings counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
 def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -369,7 +364,7 @@ def stage_train(args, target_dir: Path, device: str) -> dict:
         log(f"train: resumed at step {step} ({elapsed / 60:.1f} min)")
     budget = args.train_minutes * 60.0
     log(f"train: {len(train_ex)} answers ({sum(len(x) - p for x, p in train_ex)} answer tokens), "
-        f"held out {len(held_ex)}; draft {n_params(model) / 1e6:.3f}M params")
+        f"held out {len(held_ex)}; draft {model.num_parameters() / 1e6:.3f}M params")
 
     def lr_at(progress: float) -> float:
         if step < args.warmup_steps:
@@ -465,7 +460,7 @@ def stage_export(args, target_dir: Path) -> dict:
     Tokenizer.from_file(str(dst / "tokenizer.json")).save(str(dst / "tokenizer.json"), pretty=False)
     size = folder_bytes(dst)
     target_params = _target_params(target_dir)
-    draft_params = n_params(model)
+    draft_params = model.num_parameters()
     info = {"folder_bytes": size, "files": {f.name: f.stat().st_size for f in sorted(dst.iterdir())},
             "draft_params": draft_params, "target_params": target_params, "param_ratio": draft_params / target_params}
     assert size <= args.max_mb * 1e6, f"draft folder is {size / 1e6:.2f} MB > {args.max_mb} MB"

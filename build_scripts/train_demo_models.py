@@ -238,11 +238,6 @@ def make_model(spec: ModelSpec, tok, seed: int):
     return model
 
 
-def n_params(model) -> int:
-    """Unique parameters (tied embeddings counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
 def save_checkpoint(model, tok, path: Path, dtype: torch.dtype = torch.float16) -> None:
     """Save weights in ``dtype`` (fp16) with tokenizer and generation config; config.json says float32."""
     from transformers import GenerationConfig
@@ -760,7 +755,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     target, tok = load_checkpoint(out / "target", device)
     draft, _ = load_checkpoint(out / "draft", device)
     judge, _ = load_checkpoint(out / "judge", device)
-    res["parameters"] = {"target": n_params(target), "draft": n_params(draft), "judge": n_params(judge)}
+    res["parameters"] = {"target": target.num_parameters(), "draft": draft.num_parameters(), "judge": judge.num_parameters()}
     res["parameters"]["draft_over_target"] = res["parameters"]["draft"] / res["parameters"]["target"]
     res["tokenizer"] = check_tokenizer(tok)
     sizes = {k: sum(f.stat().st_size for f in (out / k).iterdir()) for k in ("target", "draft", "judge")}
@@ -1179,7 +1174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.target_init:
                 target.load_state_dict(load_checkpoint(args.target_init)[0].state_dict())
                 tqdm.write(f"   continuing from {args.target_init}")
-            tqdm.write(f"   {n_params(target):,} parameters")
+            tqdm.write(f"   {target.num_parameters():,} parameters")
             b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size)
             training["target"] = train_lm(target, problem_batches(tok, syn.derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size, args.style),
                                           b, device, "target", dev_solve_eval(target, tok, 48 if not args.quick else 8, args.seed),
@@ -1190,7 +1185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "draft" in parts:
             tqdm.write("== draft")
             draft = make_model(DRAFT_SPEC, tok, syn.derive_seed(args.seed, "init-draft"))
-            tqdm.write(f"   {n_params(draft):,} parameters ({n_params(draft) / n_params(target):.3f} of the target)")
+            tqdm.write(f"   {draft.num_parameters():,} parameters ({draft.num_parameters() / target.num_parameters():.3f} of the target)")
             b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size)
             training["draft"] = train_lm(draft, problem_batches(tok, syn.derive_seed(args.seed, "data-draft"), b.batch_size, args.style),
                                          b, device, "draft", dev_solve_eval(draft, tok, 48 if not args.quick else 8, args.seed),
@@ -1262,7 +1257,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
         init_from(judge, target)
     elif continued:
         judge.load_state_dict(load_checkpoint(Path(args.judge_init))[0].state_dict())
-    tqdm.write(f"   judge: {n_params(judge):,} parameters, initialised from {args.judge_init}")
+    tqdm.write(f"   judge: {judge.num_parameters():,} parameters, initialised from {args.judge_init}")
     prefix_len = judge_prefix_len(tok)
     pad_id = tok.convert_tokens_to_ids(PAD)
     b = TrainBudget(args.judge_steps, args.judge_minutes, args.judge_lr, args.batch_size * 2, warmup_steps=100)

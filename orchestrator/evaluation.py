@@ -416,6 +416,7 @@ def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None
             "latency_speedup_vs_ar": (ar.seconds / r.seconds) if ar and r.seconds else None,
             "acceptance_rate": r.acceptance_rate,
             "acceptance_by_depth": r.acceptance_by_depth,
+            "verified_by_depth": list(r.totals.verified_by_depth),
             "steps_per_answer": r.steps_per_answer,
             "speedup_estimate": r.estimate(ar),
             "speedup_estimate_iid": r.estimate(ar, iid=True),
@@ -443,26 +444,36 @@ def write_json(path: str | Path, doc: dict) -> None:
 
 def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
     """PNG plots (matplotlib, Agg) from ``report_json`` documents, one panel per dataset:
-    ``acceptance_by_depth.png`` (accepted / verified drafted steps at each depth, per speculative mode) and,
-    when a document has a ``gamma_sweep``, ``speedup_vs_gamma.png`` (measured tokens/s speedup over ``ar``;
-    dotted: the analytic estimate of :mod:`.metrics`). Returns the written paths."""
+    ``acceptance_by_depth.png`` (accepted / verified drafted steps at each depth, per speculative mode, with
+    the binomial standard error ``sqrt(p (1 - p) / n)`` over the ``n`` steps verified at that depth) and, when a
+    document has a ``gamma_sweep``, ``speedup_vs_gamma.png`` (measured tokens/s speedup over ``ar`` with its 95%
+    paired-bootstrap interval; dotted: the analytic estimate of :mod:`.metrics`). A mode keeps its colour, line
+    style and marker in every plot (:data:`.bench_report.MODE_STYLE`); depth and gamma axes tick at integers.
+    Returns the written paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from .bench_report import mode_style
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     fig, axes = plt.subplots(1, len(docs), figsize=(5 * len(docs), 4), squeeze=False)
     for ax, doc in zip(axes[0], docs):
-        for i, (mode, row) in enumerate(doc["modes"].items()):
+        for mode, row in doc["modes"].items():
             acc = row.get("acceptance_by_depth") or []
-            pts = [(d, a) for d, a in enumerate(acc) if a is not None]
+            n = row.get("verified_by_depth") or [0] * len(acc)
+            pts = [(d, a, (a * (1 - a) / n[d]) ** 0.5 if n[d] else 0.0) for d, a in enumerate(acc) if a is not None]
             if pts:
-                ax.plot(*zip(*pts), "o-", color=f"C{i}", label=mode)
+                colour, line, marker = mode_style(mode)
+                d, a, err = zip(*pts)
+                ax.errorbar(d, a, yerr=err, color=colour, linestyle=line, marker=marker, capsize=3, label=mode)
         ax.set(title=f"{doc['dataset']} (n={doc['n']})", xlabel="draft depth j (0 = first drafted step)",
                ylabel="step acceptance rate", ylim=(0, 1.05))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
@@ -474,14 +485,21 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
     if sweeps:
         fig, axes = plt.subplots(1, len(sweeps), figsize=(5 * len(sweeps), 4), squeeze=False)
         for ax, doc in zip(axes[0], sweeps):
-            for i, (mode, rows) in enumerate(doc["gamma_sweep"].items()):
+            for mode, rows in doc["gamma_sweep"].items():
+                colour, line, marker = mode_style(mode)
                 g = [r["gamma"] for r in rows]
-                ax.plot(g, [r["speedup_vs_ar"] for r in rows], "o-", color=f"C{i}", label=f"{mode} measured")
+                y = [r["speedup_vs_ar"] for r in rows]
+                cis = [r.get("speedup_vs_ar_ci95") or [v, v] for r, v in zip(rows, y)]
+                err = [[v - lo for v, (lo, _) in zip(y, cis)], [hi - v for v, (_, hi) in zip(y, cis)]]
+                ax.errorbar(g, y, yerr=err, color=colour, linestyle=line, marker=marker, capsize=3,
+                            label=f"{mode} measured (95% CI)")
                 est = [(r["gamma"], r["speedup_estimate"]) for r in rows if r.get("speedup_estimate") is not None]
                 if est:
-                    ax.plot(*zip(*est), ":", color=f"C{i}", label=f"{mode} estimate")
+                    ax.plot(*zip(*est), ":", color=colour, marker=marker, fillstyle="none",
+                            label=f"{mode} estimate")
             ax.axhline(1.0, color="gray", linewidth=0.8)
             ax.set(title=doc["dataset"], xlabel="gamma (lookahead depth)", ylabel="speedup vs ar (tokens/s)")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend()

@@ -31,7 +31,7 @@ class ModelSpec(BaseModel):
                                        "package:NAME/FILE")
     runtime: Literal["portable", "trtllm", "openai", "triton"] = "portable"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="portable runtime: auto picks bfloat16 where it is faster (see backends.portable.choose_dtype)")
+        "auto", description="portable runtime: auto picks bfloat16 where it is faster (see backends.model_runner.choose_dtype)")
     device: str = "cpu"
     num_threads: int | None = Field(1, ge=1, description="torch threads of this engine")
     max_batch_size: int = Field(64, ge=1)

@@ -126,7 +126,6 @@ def load_spec_text(text: str, tmp_path: Path) -> EngineSpec:
         (base(limits={"max_batch_size": 8}, cuda_graphs={"max_batch_size": 16}), "cuda_graphs.max_batch_size",
          "exceeds limits.max_batch_size"),
         (base(limits={"max_input_len": 4096, "max_seq_len": 4096}), "limits.max_input_len", "must be <"),
-        (base(precision={"calibration": {"seed": 2_000_000_011}}), "precision.calibration.seed", "held-out"),
         (base(kv_cache={"tokens_per_block": 48}), "kv_cache.tokens_per_block", "power of two"),
         (base(kv_cache={"free_gpu_memory_fraction": 1.5}), "kv_cache.free_gpu_memory_fraction", "less than or equal"),
         (base(drafting={"method": "eagle3"}), "drafting.eagle3.checkpoint", "Field required"),
@@ -332,3 +331,16 @@ def test_deployment_files_match_the_specs():
         gpus |= set(load_spec(REPO / "engines" / getattr(prof, role).spec).gpus)
     assert c["resources"]["limits"]["nvidia.com/gpu"] == len(gpus)
     assert subprocess.run(["bash", "-n", str(REPO / "docker" / "entrypoint.sh")]).returncode == 0
+
+
+def test_calibration_refuses_a_held_out_seed():
+    """FP8 calibration never sees evaluation problems: the quantization script refuses the held-out seeds."""
+    import importlib.util
+
+    from lookahead_reasoning.synthetic import EVAL_SEED
+
+    spec = importlib.util.spec_from_file_location("quantize_fp8_seed", REPO / "build_scripts" / "quantize_fp8.py")
+    q = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(q)
+    with pytest.raises(ValueError, match="held-out"):
+        q.calibration_ids(None, "synthetic", 4, 64, EVAL_SEED)

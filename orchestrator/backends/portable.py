@@ -14,16 +14,14 @@ What it does per engine instance (one background scheduler thread):
 - **Token-level speculative decoding** per request (n-gram prompt lookup or a draft-model engine),
   verified inside the same batched forward (see :mod:`.spec_decode`).
 
-The model is driven through its standard ``forward(input_ids, attention_mask, position_ids, cache)``;
-``attention_mask`` is a pre-built 4-D mask, which transformers' ``create_causal_mask`` returns as it is (for
-models with sliding-window layers, the ``{"full_attention": mask, "sliding_attention": mask}`` mapping their
-forward accepts instead), so the same code serves Llama, Qwen2 and Qwen3 checkpoints.
+The engine is the scheduler: what enters the batch, what each forward holds, verification of the SD
+proposals, stop strings and completion. :class:`~.model_runner.ModelRunner` loads the model, picks its dtype
+and runs the forwards; the proposers are in :mod:`.spec_decode`, the caches in :mod:`.kv_cache`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import threading
@@ -38,13 +36,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, RequestGroup,
                    validate_request)
 from .kv_cache import BatchKVCache, PrefixCache
+from .model_runner import DtypeChoice, ModelRunner
 from .spec_decode import (DraftModelProposer, NgramProposer, ProposalRow, Proposer, greedy_accepted, make_warpers,
                           verify)
 from .tokenizer import TokenizerAccess
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class PortableEngineConfig(BaseModel):
@@ -78,81 +75,6 @@ class PortableEngineConfig(BaseModel):
         if self.cuda_graphs and not self.device.startswith("cuda"):
             raise ValueError("cuda_graphs: needs a cuda device")
         return self
-
-
-@dataclass(frozen=True)
-class DtypeChoice:
-    """The dtype an engine runs in and why (``reason``; with ``dtype: auto`` the micro-benchmark's times)."""
-
-    dtype: str
-    reason: str
-    ms_per_step: dict[str, float] = field(default_factory=dict)
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (x86 ``avx512_bf16`` or ``amx_bf16``, Arm ``bf16``), from
-    ``/proc/cpuinfo`` (False where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def _decode_ms(model, rows: int, context: int = 64, steps: int = 6) -> float:
-    """Median ms of one decoding forward of ``rows`` rows (one new token each) after a ``context``-token prefill
-    (tokens are arbitrary ids: only the time is read)."""
-    from transformers import DynamicCache
-
-    vocab = model.config.vocab_size
-    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    ids = (torch.arange(rows * context).reshape(rows, context) * 7919 % vocab).to(model.device)
-    with torch.inference_mode():
-        cache = DynamicCache()
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
-        nxt = out.logits[:, -1:].argmax(-1)
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            out = model(input_ids=nxt, use_cache=True, **{kw: cache})
-            nxt = out.logits[:, -1:].argmax(-1)
-            times.append(time.perf_counter() - t0)
-    return 1e3 * sorted(times)[len(times) // 2]
-
-
-def choose_dtype(model, device: torch.device, margin: float = 0.9) -> tuple[object, DtypeChoice]:
-    """Resolve ``dtype: auto`` for a model loaded in float32 (returns the model to use and the choice).
-
-    CUDA: bfloat16 (float16 where the GPU lacks bf16). CPU without native bf16 matmul: float32. CPU with it: a
-    micro-benchmark times decoding forwards at 1 and 4 rows in both dtypes (a bf16 copy of the weights,
-    interleaved, twice) and keeps bfloat16 only if it takes at most ``margin`` of float32's time at BOTH row
-    counts: one row is every request's latency, four rows a cycle's branch call. Small models are bound by
-    per-call overhead, where bf16's conversions cost more than its halved weight traffic saves (the demo trio:
-    bf16 2x slower); SmolLM2-135M decodes one row 10% slower in bf16 on this project's CPU though four rows 25%
-    faster, and its greedy GSM8K answers changed in 71 of 100 (benchmarks/RESULTS.md, issue 18), so it stays in
-    float32. Reduced precision is not batch-invariant, so the ``exact`` judge's lossless guarantee holds in
-    float32.
-    """
-    import copy
-
-    if device.type == "cuda":
-        dt = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        return model, DtypeChoice(dt, "auto: CUDA")
-    if not cpu_has_native_bf16():
-        return model, DtypeChoice("float32", "auto: no native bf16 matmul on this CPU")
-    bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    times = {f"{name} x{rows}": 0.0 for name in ("float32", "bfloat16") for rows in (1, 4)}
-    for _ in range(2):
-        for name, m in (("float32", model), ("bfloat16", bf16)):
-            for rows in (1, 4):
-                times[f"{name} x{rows}"] += _decode_ms(m, rows) / 2
-    ms = {k: round(v, 3) for k, v in times.items()}
-    shown = ", ".join(f"{k} rows {v:.1f} ms" for k, v in ms.items())
-    if all(ms[f"bfloat16 x{r}"] <= margin * ms[f"float32 x{r}"] for r in (1, 4)):
-        return bf16, DtypeChoice("bfloat16", f"auto: bf16 faster at 1 and 4 rows ({shown})", ms)
-    del bf16
-    return model, DtypeChoice("float32", f"auto: bf16 not {1 - margin:.0%} faster at both 1 and 4 rows ({shown})", ms)
 
 
 @dataclass
@@ -242,42 +164,27 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         ready.result()
 
     def _setup(self, model) -> None:
-        """Load the model (unless given), resolve the dtype, build the caches (runs in the scheduler thread)."""
-        from transformers import AutoModelForCausalLM
-
-        config = self.config
-        load_dtype = torch.float32 if config.dtype == "auto" and self.device.type == "cpu" else (
-            _DTYPES.get(config.dtype, torch.bfloat16))
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(
-                config.model, dtype=load_dtype, attn_implementation=config.attn_implementation
-            )
-        model = model.to(self.device).eval()
-        self.dtype_choice = DtypeChoice(config.dtype, "configured") if config.dtype != "auto" else None
-        if self.dtype_choice is None:
-            model, self.dtype_choice = choose_dtype(model, self.device)
-        self.dtype = _DTYPES[self.dtype_choice.dtype]
-        self.model = model.to(self.dtype)
-        log.info("portable engine %s: dtype %s (%s)", config.model, self.dtype_choice.dtype, self.dtype_choice.reason)
-        mc = self.model.config
-        self._load_tokenizer(config.model, mc, getattr(self.model, "generation_config", None))
-        self._num_layers = mc.num_hidden_layers
-        self._kv_heads = getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads
-        self._head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        sliding = "sliding_attention" in (getattr(mc, "layer_types", None) or [])
-        self._mask_arg = (lambda m: {"full_attention": m, "sliding_attention": m}) if sliding else (lambda m: m)
+        """Load the model and build the caches (runs in the scheduler thread)."""
+        self.runner = ModelRunner(self.config, model)
+        mc = self.runner.model.config
+        self._load_tokenizer(self.config.model, mc, getattr(self.runner.model, "generation_config", None))
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.prefix_cache = PrefixCache(self.config.block_size, int(self.config.prefix_cache_mb * (1 << 20)))
+        self._cache = self.runner.running_cache(self._context)
 
-        self.prefix_cache = PrefixCache(config.block_size, int(config.prefix_cache_mb * (1 << 20)))
-        self._cache = self._running_cache()
-        self._graphs = None
-        if config.cuda_graphs:
-            from .cuda_graphs import GraphRunner
+    @property
+    def model(self):
+        """The loaded ``torch.nn.Module``."""
+        return self.runner.model
 
-            self._graphs = GraphRunner(self.model, self._cache, self._cache_kw, self._mask_arg,
-                                       config.graph_batch_sizes, config.graph_widths)
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runner.dtype
+
+    @property
+    def dtype_choice(self) -> DtypeChoice:
+        """The dtype the engine runs in and why (:func:`.model_runner.choose_dtype`)."""
+        return self.runner.dtype_choice
 
     @classmethod
     def from_pretrained(cls, model: str, draft_engine: "PortableEngine | None" = None, **kwargs) -> "PortableEngine":
@@ -372,20 +279,6 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         return len(self._running) + len(self._pending)
 
     # -- scheduler -------------------------------------------------------------------------------------
-    def _new_cache(self) -> BatchKVCache:
-        return BatchKVCache(self._num_layers, self._kv_heads, self._head_dim, self.dtype, self.device)
-
-    def _running_cache(self) -> BatchKVCache:
-        """The running batch's cache: dynamic, or (GPU mode) one static cache for the engine's life."""
-        if not self.config.static_cache:
-            return self._new_cache()
-        from .cuda_graphs import StaticBatchKVCache
-
-        rows = max(self.config.max_batch_size, max(self.config.graph_batch_sizes))
-        slots = self.config.static_cache_tokens or self._context + 128
-        return StaticBatchKVCache(self._num_layers, self._kv_heads, self._head_dim, self.dtype, self.device,
-                                  max_rows=rows, capacity=slots, max_new=max(slots, 512))
-
     def _loop(self, model, ready: Future) -> None:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
@@ -433,7 +326,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             while self._cache.rows:
                 self._cache.remove_row(self._cache.rows - 1)
         else:
-            self._cache = self._new_cache()
+            self._cache = self.runner.new_cache()
 
     def _drop_cancelled(self) -> None:
         for s in [s for s in self._running if s.stopped]:
@@ -462,7 +355,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             n, kv = self.prefix_cache.match(p, len(p)) if use_cache else (0, None)
             matched.append((n, kv))
             s.counters.prefill_tokens_cached += n
-        group = self._new_cache()
+        group = self.runner.new_cache()
         rows = group.add_rows([kv for _, kv in matched])
         suffixes = [list(p[n:]) for p, (n, _) in zip(prefixes, matched)]
         width = max(len(x) for x in suffixes)
@@ -501,7 +394,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         n, kv = self.prefix_cache.match(lcp, len(lcp))
         if len(lcp) - n < bs:
             return
-        tmp = self._new_cache()
+        tmp = self.runner.new_cache()
         tmp.add_rows([kv])
         suffix = list(lcp[n:])
         ids = torch.tensor([suffix], dtype=torch.long)
@@ -521,27 +414,13 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
 
     def _forward(self, cache: BatchKVCache, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,
                  logits: bool) -> torch.Tensor | None:
-        mask = cache.reserve(real.to(self.device))
-        if self._graphs is not None and cache is self._cache and logits:
-            out = self._graphs.run(ids.to(self.device), pos.to(self.device), mask)
-            if out is not None:
-                self.stats.forward_passes += 1
-                return out
-        kwargs = {
-            "input_ids": ids.to(self.device),
-            "position_ids": pos.to(self.device),
-            "attention_mask": self._mask_arg(mask),
-            self._cache_kw: cache,
-            "use_cache": True,
-        }
-        if not logits:
-            kwargs["logits_to_keep"] = 1
+        """:meth:`.ModelRunner.forward`, counted (and, with ``record_steps``, prefill forwards timed)."""
         t0 = time.perf_counter()
-        out = self.model(**kwargs)
+        out = self.runner.forward(cache, ids, pos, real, logits)
         self.stats.forward_passes += 1
         if self.record_steps and not logits:
             self.prefill_seconds.append((ids.shape[0], ids.shape[1], time.perf_counter() - t0))
-        return out.logits if logits else None
+        return out
 
     # -- decoding --------------------------------------------------------------------------------------
     def _proposals(self) -> list[tuple[list[int], torch.Tensor | None]]:
@@ -583,8 +462,8 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         props = self._proposals()
         n_props = [len(p) for p, _ in props]
         width = 1 + max(n_props)
-        if self._graphs is not None:  # pad up to a captured width (extra positions are invalid padding)
-            width = next((w for w in self._graphs.widths if w >= width), width)
+        if self.runner.graphs is not None:  # pad up to a captured width (extra positions are invalid padding)
+            width = next((w for w in self.runner.graphs.widths if w >= width), width)
         b = len(seqs)
         ids = torch.tensor([[s.tokens[-1]] + p + [self._pad] * (width - 1 - len(p)) for s, (p, _) in zip(seqs, props)],
                            dtype=torch.long)

@@ -1,0 +1,193 @@
+"""The portable engine's model runner: loads a Hugging Face causal LM, picks its dtype, and runs forwards over
+a :class:`~.kv_cache.BatchKVCache` (the scheduler in :mod:`.portable` decides what goes into each forward).
+
+The model is driven through its standard ``forward(input_ids, attention_mask, position_ids, cache)``;
+``attention_mask`` is a pre-built 4-D mask, which transformers' ``create_causal_mask`` returns as it is (for
+models with sliding-window layers, the ``{"full_attention": mask, "sliding_attention": mask}`` mapping their
+forward accepts instead), so the same code serves Llama, Qwen2 and Qwen3 checkpoints. In GPU mode
+(``static_cache`` + ``cuda_graphs``) decoding forwards of the running batch replay captured CUDA graphs
+(:mod:`.cuda_graphs`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_cache import BatchKVCache
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype an engine runs in and why (``reason``; with ``dtype: auto`` the micro-benchmark's times)."""
+
+    dtype: str
+    reason: str
+    ms_per_step: dict[str, float] = field(default_factory=dict)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 ``avx512_bf16`` or ``amx_bf16``, Arm ``bf16``), from
+    ``/proc/cpuinfo`` (False where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def _decode_ms(model, rows: int, context: int = 64, steps: int = 6) -> float:
+    """Median ms of one decoding forward of ``rows`` rows (one new token each) after a ``context``-token prefill
+    (tokens are arbitrary ids: only the time is read)."""
+    from transformers import DynamicCache
+
+    vocab = model.config.vocab_size
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    ids = (torch.arange(rows * context).reshape(rows, context) * 7919 % vocab).to(model.device)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
+        nxt = out.logits[:, -1:].argmax(-1)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            out = model(input_ids=nxt, use_cache=True, **{kw: cache})
+            nxt = out.logits[:, -1:].argmax(-1)
+            times.append(time.perf_counter() - t0)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def choose_dtype(model, device: torch.device, margin: float = 0.9) -> tuple[object, DtypeChoice]:
+    """Resolve ``dtype: auto`` for a model loaded in float32 (returns the model to use and the choice).
+
+    CUDA: bfloat16 (float16 where the GPU lacks bf16). CPU without native bf16 matmul: float32. CPU with it: a
+    micro-benchmark times decoding forwards at 1 and 4 rows in both dtypes (a bf16 copy of the weights,
+    interleaved, twice) and keeps bfloat16 only if it takes at most ``margin`` of float32's time at BOTH row
+    counts: one row is every request's latency, four rows a cycle's branch call. Small models are bound by
+    per-call overhead, where bf16's conversions cost more than its halved weight traffic saves (the demo trio:
+    bf16 2x slower); SmolLM2-135M decodes one row 10% slower in bf16 on this project's CPU though four rows 25%
+    faster, and its greedy GSM8K answers changed in 71 of 100 (benchmarks/RESULTS.md, issue 18), so it stays in
+    float32. Reduced precision is not batch-invariant, so the ``exact`` judge's lossless guarantee holds in
+    float32.
+    """
+    if device.type == "cuda":
+        dt = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return model, DtypeChoice(dt, "auto: CUDA")
+    if not cpu_has_native_bf16():
+        return model, DtypeChoice("float32", "auto: no native bf16 matmul on this CPU")
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    times = {f"{name} x{rows}": 0.0 for name in ("float32", "bfloat16") for rows in (1, 4)}
+    for _ in range(2):
+        for name, m in (("float32", model), ("bfloat16", bf16)):
+            for rows in (1, 4):
+                times[f"{name} x{rows}"] += _decode_ms(m, rows) / 2
+    ms = {k: round(v, 3) for k, v in times.items()}
+    shown = ", ".join(f"{k} rows {v:.1f} ms" for k, v in ms.items())
+    if all(ms[f"bfloat16 x{r}"] <= margin * ms[f"float32 x{r}"] for r in (1, 4)):
+        return bf16, DtypeChoice("bfloat16", f"auto: bf16 faster at 1 and 4 rows ({shown})", ms)
+    del bf16
+    return model, DtypeChoice("float32", f"auto: bf16 not {1 - margin:.0%} faster at both 1 and 4 rows ({shown})", ms)
+
+
+class ModelRunner:
+    """One loaded model and the forwards the scheduler asks for. Build it in the thread that will run the
+    forwards (torch's OpenMP pool belongs to the thread that starts it, see ``PortableEngine``).
+
+    Args:
+        config: the engine's :class:`~.portable.PortableEngineConfig` (``model``, ``dtype``, ``device``,
+            ``attn_implementation``, the GPU-mode fields).
+        model: an already built model (random weights for benchmarks); None loads ``config.model``.
+
+    Attributes:
+        model: the module, in ``dtype`` (``torch.dtype``), chosen as ``dtype_choice`` says.
+
+    Raises:
+        OSError: the checkpoint cannot be loaded.
+    """
+
+    def __init__(self, config, model=None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        self.device = torch.device(config.device)
+        load_dtype = torch.float32 if config.dtype == "auto" and self.device.type == "cpu" else (
+            DTYPES.get(config.dtype, torch.bfloat16))
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                config.model, dtype=load_dtype, attn_implementation=config.attn_implementation
+            )
+        model = model.to(self.device).eval()
+        self.dtype_choice = DtypeChoice(config.dtype, "configured") if config.dtype != "auto" else None
+        if self.dtype_choice is None:
+            model, self.dtype_choice = choose_dtype(model, self.device)
+        self.dtype = DTYPES[self.dtype_choice.dtype]
+        self.model = model.to(self.dtype)
+        log.info("portable engine %s: dtype %s (%s)", config.model, self.dtype_choice.dtype, self.dtype_choice.reason)
+        mc = self.model.config
+        self._num_layers = mc.num_hidden_layers
+        self._kv_heads = getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads
+        self._head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        sliding = "sliding_attention" in (getattr(mc, "layer_types", None) or [])
+        self._mask_arg = (lambda m: {"full_attention": m, "sliding_attention": m}) if sliding else (lambda m: m)
+        self.graphs = None  # a GraphRunner once running_cache() built the static cache it replays over
+        self._running: BatchKVCache | None = None
+
+    def new_cache(self) -> BatchKVCache:
+        """An empty dynamic cache (a group being admitted, a shared prefix being prefilled)."""
+        return BatchKVCache(self._num_layers, self._kv_heads, self._head_dim, self.dtype, self.device)
+
+    def running_cache(self, context: int) -> BatchKVCache:
+        """The running batch's cache: dynamic, or (GPU mode) one static cache of ``context + 128`` slots per row
+        (``static_cache_tokens``) for the engine's life, over which the CUDA graphs are captured."""
+        if not self.config.static_cache:
+            return self.new_cache()
+        if self._running is None:
+            from .cuda_graphs import GraphRunner, StaticBatchKVCache
+
+            c = self.config
+            rows = max(c.max_batch_size, max(c.graph_batch_sizes))
+            slots = c.static_cache_tokens or context + 128
+            self._running = StaticBatchKVCache(self._num_layers, self._kv_heads, self._head_dim, self.dtype,
+                                               self.device, max_rows=rows, capacity=slots, max_new=max(slots, 512))
+            if c.cuda_graphs:
+                self.graphs = GraphRunner(self.model, self._running, self._cache_kw, self._mask_arg,
+                                          c.graph_batch_sizes, c.graph_widths)
+        return self._running
+
+    def forward(self, cache: BatchKVCache, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,
+                logits: bool) -> torch.Tensor | None:
+        """One forward over ``cache``'s rows.
+
+        Args:
+            ids, pos: ``[rows, width]`` int64 token ids and positions; ``real``: ``[rows, width]`` bool, False for
+                padding (invisible to attention, its KV slot becomes a hole).
+            logits: return the ``[rows, width, vocab]`` logits (decoding); False: prefill, only the KV is kept.
+        """
+        mask = cache.reserve(real.to(self.device))
+        if self.graphs is not None and cache is self._running and logits:
+            out = self.graphs.run(ids.to(self.device), pos.to(self.device), mask)
+            if out is not None:
+                return out
+        kwargs = {
+            "input_ids": ids.to(self.device),
+            "position_ids": pos.to(self.device),
+            "attention_mask": self._mask_arg(mask),
+            self._cache_kw: cache,
+            "use_cache": True,
+        }
+        if not logits:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        return out.logits if logits else None
