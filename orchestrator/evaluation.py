@@ -458,6 +458,13 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
 
     from .bench_report import mode_style
 
+    def finish(ax, **labels) -> None:  # integer x ticks, grid, legend
+        ax.set(**labels)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
@@ -471,12 +478,8 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
                 colour, line, marker = mode_style(mode)
                 d, a, err = zip(*pts)
                 ax.errorbar(d, a, yerr=err, color=colour, linestyle=line, marker=marker, capsize=3, label=mode)
-        ax.set(title=f"{doc['dataset']} (n={doc['n']})", xlabel="draft depth j (0 = first drafted step)",
+        finish(ax, title=f"{doc['dataset']} (n={doc['n']})", xlabel="draft depth j (0 = first drafted step)",
                ylabel="step acceptance rate", ylim=(0, 1.05))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
     fig.tight_layout()
     out.append(folder / "acceptance_by_depth.png")
     fig.savefig(out[-1], dpi=120)
@@ -498,11 +501,7 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
                     ax.plot(*zip(*est), ":", color=colour, marker=marker, fillstyle="none",
                             label=f"{mode} estimate")
             ax.axhline(1.0, color="gray", linewidth=0.8)
-            ax.set(title=doc["dataset"], xlabel="gamma (lookahead depth)", ylabel="speedup vs ar (tokens/s)")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend()
+            finish(ax, title=doc["dataset"], xlabel="gamma (lookahead depth)", ylabel="speedup vs ar (tokens/s)")
         fig.tight_layout()
         out.append(folder / "speedup_vs_gamma.png")
         fig.savefig(out[-1], dpi=120)

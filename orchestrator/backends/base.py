@@ -302,6 +302,59 @@ class FutureEngineMixin:
             raise
 
 
+class LoopThreadEngine(FutureEngineMixin):
+    """Base of backends whose calls are coroutines (an HTTP client, TensorRT-LLM's ``generate_async``): a private
+    event loop in a daemon thread lets blocking callers and any asyncio loop share them.
+
+    A subclass defines ``async _one(req) -> GenerationResult`` (counting ``self._inflight`` while a call is out),
+    calls :meth:`_start_loop` in its constructor and :meth:`_stop_loop` when it closes; it needs ``self._vocab``
+    and ``self._context`` (:class:`~.tokenizer.TokenizerAccess`) for :meth:`validate`.
+    """
+
+    _inflight = 0
+    _closed = False
+
+    def _start_loop(self, name: str) -> None:
+        import threading
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-{id(self):x}", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro):
+        """Run ``coro`` on the private loop: a ``concurrent.futures.Future`` of its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    @property
+    def active_sequences(self) -> int:
+        """Calls in flight from this engine."""
+        return self._inflight
+
+    def validate(self, req: GenerationRequest) -> None:
+        """Raise ``ValueError`` naming the field if ``req`` cannot be served (:func:`validate_request`)."""
+        validate_request(req, self._vocab, self._context)  # type: ignore[attr-defined]
+
+    async def _many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))  # type: ignore[attr-defined]
+
+    def submit(self, requests: Sequence[GenerationRequest]):
+        """Validate, then start the calls; the future resolves to the results in request order.
+
+        Raises:
+            ValueError: an invalid request (nothing is sent then); RuntimeError if the engine is closed.
+        """
+        requests = list(requests)
+        for r in requests:
+            self.validate(r)
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        return self._run(self._many(requests))
+
+
 def validate_request(req: GenerationRequest, vocab_size: int, context_length: int, multi_stop: bool = False) -> None:
     """Raise ``ValueError`` naming the field if ``req`` cannot be served: the rules every backend applies
     (``multi_stop``: the backend supports ``stop_count > 1``, see :func:`check_stop_fields`)."""

@@ -23,17 +23,13 @@ calls and the server batches them in flight.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 import time
-from concurrent.futures import Future
-from typing import Literal, Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, finish_generation,
-                   validate_request)
+from .base import GenerationCounters, GenerationRequest, GenerationResult, LoopThreadEngine, finish_generation
 from .tokenizer import TokenizerAccess
 
 Flavor = Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"]
@@ -134,7 +130,7 @@ def _http_error_message(resp) -> str:
 _FIELD_TO_REQUEST = {"prompt": "prompt_ids", "max_tokens": "max_new_tokens"}
 
 
-class OpenAIEngine(FutureEngineMixin, TokenizerAccess):
+class OpenAIEngine(LoopThreadEngine, TokenizerAccess):
     """The Engine interface over an OpenAI-compatible completions server (see module docstring).
 
     Raises:
@@ -157,9 +153,7 @@ class OpenAIEngine(FutureEngineMixin, TokenizerAccess):
         self.base_url = base[:-3] if base.endswith("/v1") else base
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"openai-{id(self):x}", daemon=True)
-        self._thread.start()
+        self._start_loop("openai")
         limits = httpx.Limits(max_connections=config.max_connections,
                               max_keepalive_connections=config.max_connections)
 
@@ -168,14 +162,9 @@ class OpenAIEngine(FutureEngineMixin, TokenizerAccess):
                                      headers=self._headers)
 
         self._client = self._run(make_client()).result()
-        self._inflight = 0
-        self._closed = False
         self.model_name = config.model or self._first_model()
 
     # -- plumbing ---------------------------------------------------------------------------------------
-    def _run(self, coro) -> Future:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
     def _first_model(self) -> str:
         async def get():
             r = await self._client.get("/v1/models")
@@ -191,15 +180,7 @@ class OpenAIEngine(FutureEngineMixin, TokenizerAccess):
             raise ConnectionError(f"url: {self.base_url}/v1/models lists no model; set `model`")
         return str(models[0]["id"])
 
-    @property
-    def active_sequences(self) -> int:
-        """HTTP calls in flight from this client."""
-        return self._inflight
-
     # -- generation -------------------------------------------------------------------------------------
-    def validate(self, req: GenerationRequest) -> None:
-        validate_request(req, self._vocab, self._context)
-
     async def _one(self, req: GenerationRequest) -> GenerationResult:
         t0 = time.perf_counter()
         body = completion_body(req, self.model_name, self.config.flavor, self.config.extra_body)
@@ -231,22 +212,6 @@ class OpenAIEngine(FutureEngineMixin, TokenizerAccess):
                                       prefill_tokens_cached=cached, seconds=time.perf_counter() - t0)
         return GenerationResult(ids, self.decode(ids), finish, counters)  # type: ignore[arg-type]
 
-    async def _many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
-
-    def submit(self, requests: Sequence[GenerationRequest]) -> Future:
-        """Validate, then start the HTTP calls; the future resolves to results in request order.
-
-        Raises:
-            ValueError: an invalid request (nothing is sent then); RuntimeError if the engine is closed.
-        """
-        requests = list(requests)
-        for r in requests:
-            self.validate(r)
-        if self._closed:
-            raise RuntimeError("engine is closed")
-        return self._run(self._many(requests))
-
     def close(self) -> None:
         if self._closed:
             return
@@ -254,8 +219,7 @@ class OpenAIEngine(FutureEngineMixin, TokenizerAccess):
         try:
             self._run(self._client.aclose()).result(timeout=10)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+            self._stop_loop()
 
 
 __all__ = ["FLAVOR_EXTENSIONS", "OpenAIEngine", "OpenAIEngineConfig", "completion_body"]

@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
-from concurrent.futures import Future
-from typing import Any, Sequence
+from typing import Any
 
 from ..engine_specs import EngineSpec, llm_api_options
-from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, finish_generation,
-                   first_stop_end, validate_request)
+from .base import (LoopThreadEngine, GenerationCounters, GenerationRequest, GenerationResult, finish_generation,
+                   first_stop_end)
 from .tokenizer import TokenizerAccess
 
 #: LLM-API decoding_type -> class names in ``tensorrt_llm.llmapi`` (first one present is used; EAGLE3
@@ -140,7 +138,7 @@ def gpu_environment(spec: EngineSpec, replica: int = 0, environ: dict | None = N
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.replica_gpus(replica))}
 
 
-class TrtllmEngine(FutureEngineMixin, TokenizerAccess):
+class TrtllmEngine(LoopThreadEngine, TokenizerAccess):
     """The Engine interface over ``tensorrt_llm.LLM`` (see module docstring). NOT RUN IN CI.
 
     Args:
@@ -179,19 +177,7 @@ class TrtllmEngine(FutureEngineMixin, TokenizerAccess):
         args = instantiate_llm_args(llm_constructor_args(spec, model, tok), llmapi)
         self.llm = trt.LLM(**args)
         self._sampling_cls = trt.SamplingParams
-        self._inflight = 0
-        self._closed = False
-        # A private loop thread lets blocking callers and any asyncio loop share the LLM's async API.
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"trtllm-{id(self):x}", daemon=True)
-        self._thread.start()
-
-    @property
-    def active_sequences(self) -> int:
-        return self._inflight
-
-    def validate(self, req: GenerationRequest) -> None:
-        validate_request(req, self._vocab, self._context)
+        self._start_loop("trtllm")  # blocking callers and any asyncio loop share the LLM's async API
 
     async def _one(self, req: GenerationRequest) -> GenerationResult:
         t0 = time.perf_counter()
@@ -226,23 +212,11 @@ class TrtllmEngine(FutureEngineMixin, TokenizerAccess):
         counters = GenerationCounters(prefill_tokens_computed=len(req.prompt_ids), seconds=time.perf_counter() - t0)
         return GenerationResult(ids, self.decode(ids), finish, counters)  # type: ignore[arg-type]
 
-    async def _many(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
-
-    def submit(self, requests: Sequence[GenerationRequest]) -> Future:
-        requests = list(requests)
-        for r in requests:
-            self.validate(r)
-        if self._closed:
-            raise RuntimeError("engine is closed")
-        return asyncio.run_coroutine_threadsafe(self._many(requests), self._loop)
-
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._stop_loop()
         self.llm.shutdown()
 
 
