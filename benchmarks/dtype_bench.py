@@ -24,9 +24,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lookahead_reasoning.answers import check_answer, extract_gsm8k
-from lookahead_reasoning.evaluation import (bootstrap_speedup_ci, load_average, load_with_spare, measurement_block,
-                                           uses_chat_template)
+from lookahead_reasoning.evaluation.answers import check_answer, extract_gsm8k
+from lookahead_reasoning.evaluation.runner import (bootstrap_speedup_ci, load_average, load_with_spare, measurement_block,
+                                                   uses_chat_template)
 
 
 def final_answer(kind: str, text: str) -> str:
@@ -42,7 +42,7 @@ def _worker(conn, profile_name: str, config: str | None, dtype: str, max_tokens:
     import time
 
     from lookahead_reasoning.backends import make_engine
-    from lookahead_reasoning.lookahead import LookaheadReasoner
+    from lookahead_reasoning.core.lookahead import LookaheadReasoner
     from lookahead_reasoning.profiles import load_profile
 
     profile = load_profile(profile_name, config)

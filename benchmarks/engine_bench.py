@@ -25,7 +25,7 @@ import torch
 
 from lookahead_reasoning.backends.base import GenerationRequest, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.synthetic import EVAL_SEED, generate_problems
+from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
 
 
 def prompts(engine, n):

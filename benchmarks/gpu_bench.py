@@ -131,9 +131,9 @@ def main(argv=None) -> int:
 
 
 def demo_trio(n: int) -> dict:
-    from lookahead_reasoning.answers import check_answer, load_items
+    from lookahead_reasoning.evaluation.answers import check_answer, load_items
     from lookahead_reasoning.backends.portable import PortableEngine
-    from lookahead_reasoning.lookahead import LookaheadReasoner, LROptions
+    from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions
 
     def eng(role):
         return PortableEngine.from_pretrained(str(REPO / "engines" / "demo" / role), dtype="bfloat16", device="cuda",

@@ -4,10 +4,10 @@ Runs ``ar`` (the baseline), ``sd``, ``lr`` and ``lr+sd`` (sync and async, and sy
 profile's judge, then ``lr+sd`` (sync) with every other verifier, ``sd`` and ``lr+sd`` with draft-model SD, and
 ``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
 standard error), tokens/s, measured speedup vs ``ar``, step acceptance, the analytic estimate of the speed
-model (lookahead_reasoning.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
+model (lookahead_reasoning.core.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
 and the same estimate with the independence form of E[steps] (the paper's) for comparison.
 
-Measurement (lookahead_reasoning.evaluation.run_interleaved): one untimed warm-up request per run on a spare
+Measurement (lookahead_reasoning.evaluation.runner.run_interleaved): one untimed warm-up request per run on a spare
 problem (problem ``--problems + 1``), then all runs interleaved per problem in a rotated order (problem ``i``
 starts at run ``i mod len(runs)``); speedups carry a 95% paired bootstrap interval over problems, and the JSON
 a ``measurement`` block with the 1-minute load average at start and end (a warning above 0.5 per core).
@@ -28,12 +28,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lookahead_reasoning.backends.base import SpecDecodeConfig
-from lookahead_reasoning.calibration import calibrate_reasoner
-from lookahead_reasoning.evaluation import (
-    BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE, WARMUP_REQUESTS, format_speedup,
-    load_average, load_with_spare, measurement_block, run_interleaved, uses_chat_template,
-)
-from lookahead_reasoning.lookahead import with_overrides
+from lookahead_reasoning.core.calibration import calibrate_reasoner
+from lookahead_reasoning.evaluation.runner import (
+                                                   BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE, WARMUP_REQUESTS, format_speedup,
+                                                   load_average, load_with_spare, measurement_block, run_interleaved, uses_chat_template,
+                                                   )
+from lookahead_reasoning.core.lookahead import with_overrides
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 
 
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
 
 def cycle_profile(r, ar, cost) -> dict | None:
     """Where one cycle's time goes (``r``, ``ar``: a run's merged RequestMetrics), in units of T = the ``ar``
-    run's seconds per step (same problems), next to what equation (1) of lookahead_reasoning.metrics charges
+    run's seconds per step (same problems), next to what equation (1) of lookahead_reasoning.core.metrics charges
     for each part (``RequestMetrics.cycle_cost``, converted to the same unit; the target's share includes its
     prefill). ``other`` is wall time outside engine and judge calls (orchestration)."""
     terms = r.cycle_cost(cost)

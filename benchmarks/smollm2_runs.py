@@ -19,10 +19,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lookahead_reasoning.answers import check_answer, load_items
-from lookahead_reasoning.calibration import calibrate_reasoner
-from lookahead_reasoning.evaluation import uses_chat_template
-from lookahead_reasoning.metrics import RequestMetrics
+from lookahead_reasoning.evaluation.answers import check_answer, load_items
+from lookahead_reasoning.core.calibration import calibrate_reasoner
+from lookahead_reasoning.evaluation.runner import uses_chat_template
+from lookahead_reasoning.core.metrics import RequestMetrics
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 
 
@@ -116,7 +116,7 @@ def write(path: str, doc: dict) -> None:
 
 def summarize(per: list[dict], cost=None) -> dict:
     """Totals of a run's per-item metrics, with the speed model's estimate and its free-draft-and-judge bound
-    (lookahead_reasoning.metrics, equation (1)) when a cost model was calibrated."""
+    (lookahead_reasoning.core.metrics, equation (1)) when a cost model was calibrated."""
     ms = [p["metrics"] for p in per]
     total = RequestMetrics()
     for m in ms:

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from lookahead_reasoning.answers import check_answer, load_items
+from lookahead_reasoning.evaluation.answers import check_answer, load_items
 from lookahead_reasoning.serving.server import free_port
 
 

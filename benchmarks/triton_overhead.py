@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from lookahead_reasoning.answers import load_items
-from lookahead_reasoning.lookahead import with_overrides
+from lookahead_reasoning.evaluation.answers import load_items
+from lookahead_reasoning.core.lookahead import with_overrides
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 from lookahead_reasoning.serving.client import TritonLRClient
 from lookahead_reasoning.serving.server import ServerConfig, TritonServer, free_port, prepare_repository

@@ -6,7 +6,7 @@
 
 The plan (FP8 quantization with ModelOpt, the LLM-API options YAML = ``trtllm-serve --config`` file, serve
 scripts; or the legacy ``quantize.py`` + ``trtllm-build`` commands for ``--runtime trt-engine``) is computed by
-:mod:`lookahead_reasoning.engine_build`; ``--dry-run`` prints every command and file without running anything.
+:mod:`lookahead_reasoning.production.engine_build`; ``--dry-run`` prints every command and file without running anything.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from lookahead_reasoning.engine_build import main  # noqa: E402
+from lookahead_reasoning.production.engine_build import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

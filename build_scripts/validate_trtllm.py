@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
 
 
 def _prompts(engine, n: int) -> list[list[int]]:
-    from lookahead_reasoning.synthetic import EVAL_SEED, generate_problems
+    from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
 
     out = []
     for p in generate_problems(n, EVAL_SEED):
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
     from lookahead_reasoning.backends.trtllm import TrtllmEngine, import_tensorrt_llm
-    from lookahead_reasoning.engine_specs import load_spec
+    from lookahead_reasoning.production.engine_specs import load_spec
 
     report: dict = {"spec": args.spec, "model": args.model, "checks": {}}
     failed: list[str] = []
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # 6. lossless LR with the exact verifier
     if args.draft_spec and args.draft_model:
-        from lookahead_reasoning.lookahead import LookaheadReasoner, LROptions
-        from lookahead_reasoning.verifiers import VerifierConfig
+        from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions
+        from lookahead_reasoning.core.verifiers import VerifierConfig
 
         draft = TrtllmEngine(load_spec(args.draft_spec), model=args.draft_model)
         lr = LookaheadReasoner(engine, draft)

@@ -34,8 +34,8 @@ PY
     spec="$1"
     read -r build model port < <(python - "$spec" <<'PY'
 import sys
-from lookahead_reasoning.engine_build import resolve_checkpoint
-from lookahead_reasoning.engine_specs import load_spec
+from lookahead_reasoning.production.engine_build import resolve_checkpoint
+from lookahead_reasoning.production.engine_specs import load_spec
 s = load_spec(sys.argv[1])
 print(s.build_dir(), resolve_checkpoint(s.served_checkpoint()), s.port)
 PY

@@ -8,24 +8,24 @@ import os
 import sys
 from typing import get_args
 
-from .bench import register as register_bench
-from .engine_build import register as register_build
-from .eval_cli import EVAL_SKIP, add_eval_arguments, cmd_eval
-from .request import add_request_flags, request_values
-from .steps import ReasoningParser
+from .benchmarking.bench import register as register_bench
+from .production.engine_build import register as register_build
+from .evaluation.eval_cli import EVAL_SKIP, add_eval_arguments, cmd_eval
+from .core.request import add_request_flags, request_values
+from .core.steps import ReasoningParser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# Flags that are not request fields (those are named by lookahead_reasoning.request), for one-line errors.
+# Flags that are not request fields (those are named by lookahead_reasoning.core.request), for one-line errors.
 _OTHER_FLAGS = {"profile": "--profile", "config": "--config", "dataset": "--dataset", "modes": "--modes",
                 "http_port": "--http-port", "grpc_port": "--grpc-port", "metrics_port": "--metrics-port"}
 
 
 def format_error(exc: Exception) -> str:
     """One line naming the offending argument by its flag (request fields through
-    :func:`lookahead_reasoning.request.front_error`)."""
-    from .request import front_error
+    :func:`lookahead_reasoning.core.request.front_error`)."""
+    from .core.request import front_error
 
     line = front_error(exc, "cli")
     head, sep, rest = line.partition(":")
@@ -38,9 +38,9 @@ def _profile_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args) -> int:
-    from .calibration import calibrate_reasoner
+    from .core.calibration import calibrate_reasoner
     from .profiles import build_reasoner_for, close_reasoner, load_profile
-    from .request import Limits, parse_request
+    from .core.request import Limits, parse_request
 
     profile = load_profile(args.profile, args.config)
     req, opts = parse_request(request_values(args), profile.options, Limits(max_gamma=profile.max_gamma_cap))
@@ -63,7 +63,7 @@ def cmd_generate(args) -> int:
         metrics["finish_reason"] = res.finish_reason
         if reasoner.cost_model is not None:
             metrics["cost_model"] = reasoner.cost_model.to_dict()
-        from .steps import split_reasoning
+        from .core.steps import split_reasoning
 
         text = req.trimmer(opts).apply(res.text, res.finish_reason == "stop")  # the stop string left out
         reasoning, content = split_reasoning(text, reasoner.reasoning_parser)
@@ -79,7 +79,7 @@ def cmd_generate(args) -> int:
 def _stream_to_stdout(reasoner, prompt, messages, opts, trim):
     import asyncio
 
-    from .lookahead import LRResult
+    from .core.lookahead import LRResult
 
     async def go():
         result = None
@@ -139,7 +139,7 @@ def cmd_serve(args) -> int:
 def cmd_client(args) -> int:
     import asyncio
 
-    from .request import BY_NAME
+    from .core.request import BY_NAME
     from .serving.client import TritonLRClient
 
     values = request_values(args, skip=("prompt",))
@@ -162,7 +162,7 @@ def cmd_client(args) -> int:
             sys.stdout.write(ans.text)
         return ans.text, ans.metrics
 
-    from .request import translate
+    from .core.request import translate
     from .serving.client import ServerError, transport_error
 
     try:

@@ -21,7 +21,7 @@ MODES = ("lr+sd", "ar")
 
 async def _one(client, item, mode: str, console, show: bool, parser: str) -> dict:
     """One problem in one mode: ``{"tokens", "seconds", "correct", "accepted", "verified"}``."""
-    from .answers import check_answer
+    from .evaluation.answers import check_answer
 
     t0 = time.perf_counter()
     text, metrics = "", {}
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .answers import load_items
-    from .evaluation import bootstrap_speedup_ci, format_speedup
+    from .evaluation.answers import load_items
+    from .evaluation.runner import bootstrap_speedup_ci, format_speedup
     from .serving.client import TritonLRClient
     from .serving.server import ServerConfig, TritonServer, free_port, prepare_repository
 

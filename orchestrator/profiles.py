@@ -14,10 +14,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import from_validation
-from .lookahead import LROptions
-from .steps import ReasoningParser
-from .verifiers import JUDGES, JudgeName, VerifierConfig
+from .core.errors import from_validation
+from .core.lookahead import LROptions
+from .core.steps import ReasoningParser
+from .core.verifiers import JUDGES, JudgeName, VerifierConfig
 
 ENGINES_DIR = Path(os.environ.get("LOOKAHEAD_ENGINES_DIR", Path(__file__).resolve().parents[1] / "engines"))
 
@@ -139,9 +139,9 @@ def load_profile(name: str | None = None, config: str | Path | None = None) -> P
 
 
 def build_reasoner(profile: Profile, need_draft: bool = True, need_judge: bool = True):
-    """Start the profile's engines and return a :class:`~lookahead_reasoning.lookahead.LookaheadReasoner`."""
+    """Start the profile's engines and return a :class:`~lookahead_reasoning.core.lookahead.LookaheadReasoner`."""
     from .backends import make_engine
-    from .lookahead import LookaheadReasoner
+    from .core.lookahead import LookaheadReasoner
 
     draft = make_engine(profile.draft) if (need_draft and profile.draft) else None
     target = make_engine(profile.target, draft_engine=draft)

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from lookahead_reasoning.answers import (
-    DATASET_FILES, MATH_SUFFIX, EvalItem, check_answer, data_dir, extract_gsm8k, final_answer, last_boxed,
-    load_items, normalize_math, to_number,
-)
+from lookahead_reasoning.evaluation.answers import (
+                                                    DATASET_FILES, MATH_SUFFIX, EvalItem, check_answer, data_dir, extract_gsm8k, final_answer, last_boxed,
+                                                    load_items, normalize_math, to_number,
+                                                    )
 
 
 def gsm(ref: str) -> EvalItem:
@@ -175,7 +175,7 @@ def test_only_the_final_answer_is_graded_not_the_reasoning():
 
 
 def test_synthetic_datasets_by_style():
-    from lookahead_reasoning import synthetic as syn
+    from lookahead_reasoning.evaluation import synthetic as syn
 
     for name, style in (("synthetic", syn.DEFAULT_STYLE), ("synthetic-short", "short"), ("synthetic-long", "long")):
         items = load_items(name, 3)

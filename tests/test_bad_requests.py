@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.lookahead import LookaheadReasoner, with_overrides
+from lookahead_reasoning.core.lookahead import LookaheadReasoner, with_overrides
 from lookahead_reasoning.profiles import load_profile
 from lookahead_reasoning.serving.client import TritonLRClient
 
@@ -234,7 +234,7 @@ def test_http(tiny_server, case):
 
 def _openai_body(case: Case) -> tuple[str, dict]:
     """The case as an OpenAI request: the endpoint and a body with the OpenAI names of the fields."""
-    from lookahead_reasoning.request import BY_NAME, canonical
+    from lookahead_reasoning.core.request import BY_NAME, canonical
 
     body = {}
     for k, v in _request(case).items():

@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from lookahead_reasoning.answers import EvalItem
-from lookahead_reasoning.bench import (
-    BenchConfig, RequestTimeline, client_send, config_from_args, meets_slo, parse_list, parse_slo,
-    parse_runs, percentiles_ms, poisson_arrivals, register, run_bench, run_load, run_request, summarize,
-)
+from lookahead_reasoning.evaluation.answers import EvalItem
+from lookahead_reasoning.benchmarking.bench import (
+                                                    BenchConfig, RequestTimeline, client_send, config_from_args, meets_slo, parse_list, parse_slo,
+                                                    parse_runs, percentiles_ms, poisson_arrivals, register, run_bench, run_load, run_request, summarize,
+                                                    )
 
 
 def tl(send, chunks, tokens, end=None, ok=True):
@@ -188,7 +188,7 @@ def test_runner_records_failures_and_goes_on():
 
 
 def test_run_bench_document_plots_and_summary(tmp_path):
-    from lookahead_reasoning.bench_report import export_genai_perf, plot_bench, write_summary
+    from lookahead_reasoning.benchmarking.bench_report import export_genai_perf, plot_bench, write_summary
 
     sent = []
 

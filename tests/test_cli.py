@@ -64,7 +64,7 @@ def test_draft_model_sd_alone_runs(tiny_profile, tmp_path):
 def test_generate_json_splits_reasoning(tiny_profile, tmp_path):
     """With reasoning_parser deepseek_r1 the chat template opened <think>: an answer without </think> is all
     reasoning and no final answer yet (vLLM's deepseek_r1 parser)."""
-    from lookahead_reasoning.steps import split_reasoning
+    from lookahead_reasoning.core.steps import split_reasoning
 
     cfg = yaml.safe_load(open(tiny_profile))
     path = tmp_path / "r1.yaml"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lookahead_reasoning import synthetic as syn
-from lookahead_reasoning.judge_prompt import build_judge_ids, verdict_token_ids
+from lookahead_reasoning.evaluation import synthetic as syn
+from lookahead_reasoning.core.judge_prompt import build_judge_ids, verdict_token_ids
 
 # LR_DEMO_DIR points the tests at another build (e.g. a fresh `train_demo_models.py --out DIR`).
 DEMO = Path(os.environ.get("LR_DEMO_DIR", Path(__file__).resolve().parents[1] / "engines" / "demo"))
@@ -103,7 +103,7 @@ def greedy(model, tok, prompt: list[int], max_new_tokens: int = 160) -> str:
 
 
 def test_target_solves_held_out_problems(loaded):
-    from lookahead_reasoning.steps import split_reasoning
+    from lookahead_reasoning.core.steps import split_reasoning
 
     model, tok = loaded["target"]
     style = style_of(tok)

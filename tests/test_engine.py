@@ -254,9 +254,9 @@ def test_static_cache_mode_equals_dynamic(model_dirs, reference):
 
 
 def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draft_dir):
-    """The cost model of the speed model (lookahead_reasoning.calibration) on real engines: step times, b(n) for
+    """The cost model of the speed model (lookahead_reasoning.core.calibration) on real engines: step times, b(n) for
     the asked n, and v(w) from the portable engine's step timings (which it switches back off)."""
-    from lookahead_reasoning.calibration import calibrate
+    from lookahead_reasoning.core.calibration import calibrate
 
     draft = PortableEngine.from_pretrained(str(tiny_draft_dir), num_threads=1, dtype="float32")
     target = PortableEngine.from_pretrained(str(tiny_model_dir), num_threads=1, dtype="float32")
@@ -420,7 +420,7 @@ def test_user_text_cannot_forge_control_tokens():
     prompt has exactly the template's own control tokens, and its length is that of the literal rendering
     (the same text with the control characters' pieces). Text without them tokenizes as the whole template
     does (the piecewise encoding changes nothing for ordinary prompts)."""
-    from lookahead_reasoning import synthetic as syn
+    from lookahead_reasoning.evaluation import synthetic as syn
 
     engine = PortableEngine.from_pretrained(str(DEMO / "target"), num_threads=1)
     try:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lookahead_reasoning.engine_build import Command, WriteFile, main as build_main, plan_build, register
-from lookahead_reasoning.engine_specs import (
-    EngineSpec, dump_spec, llm_api_options, load_spec, spec_from_dict, with_runtime,
-)
+from lookahead_reasoning.production.engine_build import Command, WriteFile, main as build_main, plan_build, register
+from lookahead_reasoning.production.engine_specs import (
+                                                         EngineSpec, dump_spec, llm_api_options, load_spec, spec_from_dict, with_runtime,
+                                                         )
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p for p in (REPO / "engines").glob("*.yaml"))
@@ -337,7 +337,7 @@ def test_calibration_refuses_a_held_out_seed():
     """FP8 calibration never sees evaluation problems: the quantization script refuses the held-out seeds."""
     import importlib.util
 
-    from lookahead_reasoning.synthetic import EVAL_SEED
+    from lookahead_reasoning.evaluation.synthetic import EVAL_SEED
 
     spec = importlib.util.spec_from_file_location("quantize_fp8_seed", REPO / "build_scripts" / "quantize_fp8.py")
     q = importlib.util.module_from_spec(spec)

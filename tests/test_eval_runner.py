@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import yaml
 
-from lookahead_reasoning.answers import EvalItem, load_items
+from lookahead_reasoning.evaluation.answers import EvalItem, load_items
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.evaluation import (
-    ModeReport, bootstrap_speedup_ci, format_speedup, load_warning, measurement_block, plot_eval, report_json,
-    run_eval, run_gamma_sweep, run_mode, uses_chat_template,
-)
-from lookahead_reasoning.lookahead import LookaheadReasoner, LROptions
-from lookahead_reasoning.verifiers import VerifierConfig
+from lookahead_reasoning.evaluation.runner import (
+                                                   ModeReport, bootstrap_speedup_ci, format_speedup, load_warning, measurement_block, plot_eval, report_json,
+                                                   run_eval, run_gamma_sweep, run_mode, uses_chat_template,
+                                                   )
+from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions
+from lookahead_reasoning.core.verifiers import VerifierConfig
 
 OPTS = LROptions(judge=VerifierConfig(name="exact"), max_tokens=6, gamma=2)
 
@@ -83,7 +83,7 @@ def test_gamma_sweep_and_plots(reasoner, tmp_path):
 
 def test_eval_handler_with_gamma_sweep(tiny_model_dir, tiny_draft_dir, tmp_path):
     from lookahead_reasoning.cli import build_parser
-    from lookahead_reasoning.eval_cli import cmd_eval, parse_gammas
+    from lookahead_reasoning.evaluation.eval_cli import cmd_eval, parse_gammas
 
     assert parse_gammas("1,2,2,4") == [1, 2, 4]
     with pytest.raises(ValueError, match="--gamma"):

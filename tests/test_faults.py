@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 
 from lookahead_reasoning.backends.triton_bls import role_stub_pids
 from lookahead_reasoning.serving.client import ServerError, TritonLRClient
-from lookahead_reasoning.synthetic import EVAL_SEED, generate_problems
+from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
 
 from conftest import scrape, start_server
 

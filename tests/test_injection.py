@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.judge_prompt import ASSISTANT_PREFILL, JUDGE_INSTRUCTIONS, build_judge_ids
-from lookahead_reasoning.steps import Step
-from lookahead_reasoning.verifiers import LLMJudgeVerifier
+from lookahead_reasoning.core.judge_prompt import ASSISTANT_PREFILL, JUDGE_INSTRUCTIONS, build_judge_ids
+from lookahead_reasoning.core.steps import Step
+from lookahead_reasoning.core.verifiers import LLMJudgeVerifier
 
-from lookahead_reasoning.synthetic import JUDGE_EVAL_SEED, generate_step_pairs
+from lookahead_reasoning.evaluation.synthetic import JUDGE_EVAL_SEED, generate_step_pairs
 
 from conftest import DEMO
 

@@ -11,10 +11,10 @@ from collections import Counter
 import pytest
 
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.errors import FieldError
-from lookahead_reasoning.lookahead import LookaheadReasoner, LROptions, with_overrides
-from lookahead_reasoning.steps import StepConfig
-from lookahead_reasoning.verifiers import VerifierConfig
+from lookahead_reasoning.core.errors import FieldError
+from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions, with_overrides
+from lookahead_reasoning.core.steps import StepConfig
+from lookahead_reasoning.core.verifiers import VerifierConfig
 
 PROMPTS = ["Step 1: 4 + 4", "The total is", "Step 2: 12 x 3 = 36.\n\nStep 3:"]
 
@@ -97,7 +97,7 @@ def test_budget_and_user_stop(trio, delimiter):
 @pytest.mark.parametrize("mode", ["ar", "sd", "lr", "lr+sd"])
 def test_user_stop_spanning_a_step_break(trio, delimiter, mode):
     """A stop string that starts in one step and ends in the next still ends the answer right after it."""
-    from lookahead_reasoning.steps import split_steps
+    from lookahead_reasoning.core.steps import split_steps
 
     target, same, _ = trio
     r = LookaheadReasoner(target, same, use_chat_template=False)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from lookahead_reasoning.answers import load_items
-from lookahead_reasoning.lookahead import with_overrides
+from lookahead_reasoning.evaluation.answers import load_items
+from lookahead_reasoning.core.lookahead import with_overrides
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
-from lookahead_reasoning.verifiers import VerifierConfig
+from lookahead_reasoning.core.verifiers import VerifierConfig
 
 pytestmark = pytest.mark.slow
 N = 50

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.lookahead import LROptions
+from lookahead_reasoning.core.lookahead import LROptions
 from lookahead_reasoning.profiles import Profile
 from lookahead_reasoning.backends.role_tensors import arrays_to_requests, requests_to_arrays
 

@@ -1,4 +1,4 @@
-"""One request definition (lookahead_reasoning.request): the committed config.pbtxt, the client's tensor types,
+"""One request definition (lookahead_reasoning.core.request): the committed config.pbtxt, the client's tensor types,
 the CLI flags and the OpenAI body agree with it, and errors name the field in each front's terms."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lookahead_reasoning.errors import FieldError
-from lookahead_reasoning.lookahead import LROptions, check_input
-from lookahead_reasoning.request import (
-    BY_NAME, FIELDS, TRITON_INPUTS, Limits, RequestError, canonical, parse_request, rename, translate,
-)
+from lookahead_reasoning.core.errors import FieldError
+from lookahead_reasoning.core.lookahead import LROptions, check_input
+from lookahead_reasoning.core.request import (
+                                              BY_NAME, FIELDS, TRITON_INPUTS, Limits, RequestError, canonical, parse_request, rename, translate,
+                                              )
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "triton_models" / "lookahead_reasoning" / "config.pbtxt"

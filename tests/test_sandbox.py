@@ -6,8 +6,8 @@ import os
 import signal
 import textwrap
 
-from lookahead_reasoning.answers import check_answer, load_items
-from lookahead_reasoning.sandbox import check_humaneval, humaneval_program, run_python
+from lookahead_reasoning.evaluation.answers import check_answer, load_items
+from lookahead_reasoning.evaluation.sandbox import check_humaneval, humaneval_program, run_python
 
 ITEM = load_items("humaneval", 1)[0]  # has_close_elements
 BODY = """\

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead_reasoning.lookahead import AdaptiveGamma, LROptions
-from lookahead_reasoning.calibration import CostModel
-from lookahead_reasoning.metrics import RequestMetrics, RoleCounters, iid_steps_per_cycle
-from lookahead_reasoning.steps import Step, StepConfig, split_reasoning, split_steps
-from lookahead_reasoning.verifiers import (NumericVerifier, RandomVerifier, VerifierConfig, make_verifier, normalize,
-                                           numbers)
+from lookahead_reasoning.core.lookahead import AdaptiveGamma, LROptions
+from lookahead_reasoning.core.calibration import CostModel
+from lookahead_reasoning.core.metrics import RequestMetrics, RoleCounters, iid_steps_per_cycle
+from lookahead_reasoning.core.steps import Step, StepConfig, split_reasoning, split_steps
+from lookahead_reasoning.core.verifiers import (NumericVerifier, RandomVerifier, VerifierConfig, make_verifier, normalize,
+                                                numbers)
 
 
 @settings(max_examples=200, deadline=None)
@@ -59,7 +59,7 @@ def test_split_reasoning_parsers():
        parser=st.sampled_from(["qwen3", "deepseek_r1", "none"]))
 def test_reasoning_stream_matches_split(parts, cuts, parser):
     """Streamed in any chunking, the reasoning and answer deltas add up to what split_reasoning gives."""
-    from lookahead_reasoning.steps import ReasoningStream
+    from lookahead_reasoning.core.steps import ReasoningStream
 
     text = "".join(parts)
     bounds = sorted({0, len(text), *[c % (len(text) + 1) for c in cuts]})

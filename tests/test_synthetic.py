@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead_reasoning import synthetic as syn
-from lookahead_reasoning.synthetic import Computation, extract_answer, parse_step, steps_equivalent
+from lookahead_reasoning.evaluation import synthetic as syn
+from lookahead_reasoning.evaluation.synthetic import Computation, extract_answer, parse_step, steps_equivalent
 
 STEP_RANGES = {1: (2, 3), 2: (2, 5), 3: (3, 6), 4: (4, 8), 5: (5, 8)}
 
@@ -150,7 +150,7 @@ def test_bad_arguments():
 def check_long_problem(p: syn.Problem) -> None:
     """Trace structure, every computation and every check correct, every given from the question, every
     summary the running value, and each step's meaning the same in all of its wordings."""
-    from lookahead_reasoning.steps import split_reasoning
+    from lookahead_reasoning.core.steps import split_reasoning
 
     assert p.style == "long" and len(p.steps) == len(p.specs)
     assert [sp.kind for sp in p.specs[-3:]] == ["conclude", "close", "final"] and p.specs[0].kind == "plan"

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from lookahead_reasoning.answers import load_items
-from lookahead_reasoning.lookahead import with_overrides
+from lookahead_reasoning.evaluation.answers import load_items
+from lookahead_reasoning.core.lookahead import with_overrides
 from lookahead_reasoning.serving.client import ServerError, TritonLRClient
 
 pytestmark = pytest.mark.server
@@ -110,7 +110,7 @@ def test_triton_generate_leaves_the_stop_string_out(triton_server, items):
 def test_openai_front(openai_front, items):
     import openai
 
-    from lookahead_reasoning.steps import split_reasoning
+    from lookahead_reasoning.core.steps import split_reasoning
 
     client = openai.OpenAI(base_url=f"http://{openai_front}/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == ["demo"]
@@ -250,7 +250,7 @@ def test_openai_front_splits_reasoning(openai_front, triton_server, items):
     split_reasoning splits the raw text the server generated for the same messages."""
     import openai
 
-    from lookahead_reasoning.steps import split_reasoning
+    from lookahead_reasoning.core.steps import split_reasoning
 
     grpc = TritonLRClient(triton_server.grpc_url, "grpc")
     parser = _run(grpc.server_profile())["parameters"]["reasoning_parser"]
@@ -440,7 +440,7 @@ def test_forged_control_tokens_stay_literal_through_the_server(triton_server):
 
 def test_random_judge_is_reproducible_through_the_server(triton_server):
     """The same ``judge=random`` request twice gives the same text (the judge's RNG is seeded per request)."""
-    from lookahead_reasoning.synthetic import EVAL_SEED, generate_problems
+    from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
 
     prompt = generate_problems(1, EVAL_SEED)[0].question
     client = TritonLRClient(triton_server.grpc_url, "grpc")

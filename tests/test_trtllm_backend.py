@@ -18,9 +18,9 @@ import pytest
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
 from lookahead_reasoning.backends.base import finish_generation, first_stop_end
 from lookahead_reasoning.backends.trtllm import (
-    DECODING_CLASSES, gpu_environment, llm_constructor_args, sampling_kwargs,
-)
-from lookahead_reasoning.engine_specs import load_spec, spec_from_dict
+                                                 DECODING_CLASSES, gpu_environment, llm_constructor_args, sampling_kwargs,
+                                                 )
+from lookahead_reasoning.production.engine_specs import load_spec, spec_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
@@ -167,7 +167,7 @@ def test_text_level_stop_handling(tiny_model_dir):
 
 @pytest.mark.parametrize("name", ["qwen3-trtllm", "qwen3-openai"])
 def test_production_profiles_load(name):
-    from lookahead_reasoning.engine_specs import ENGINES_DIR
+    from lookahead_reasoning.production.engine_specs import ENGINES_DIR
     from lookahead_reasoning.profiles import load_profile
 
     p = load_profile(config=REPO / "engines" / "profiles" / f"{name}.yaml")

@@ -31,7 +31,7 @@ def make_engine(spec, draft_engine=None) -> Engine:
         )
         return PortableEngine(cfg, draft_engine=draft_engine)
     if spec.runtime == "trtllm":  # TensorRT-LLM LLM API; settings from an engine spec (engines/*.yaml)
-        from ..engine_specs import ENGINES_DIR, load_spec
+        from ..production.engine_specs import ENGINES_DIR, load_spec
         from .trtllm import TrtllmEngine
 
         if not spec.spec:

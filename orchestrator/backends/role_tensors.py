@@ -2,7 +2,7 @@
 
 Used by the role models (``lookahead_reasoning.serving.triton_role``) and by the BLS backend that calls them
 (:mod:`.triton_bls`), so it lives with the backends. The ``lookahead_reasoning`` model's own inputs are in
-:mod:`lookahead_reasoning.request`.
+:mod:`lookahead_reasoning.core.request`.
 
 Role models (``draft``, ``target``, ``judge``) take one engine call: ``n`` sequences as a padded id matrix (or
 texts) plus the request fields as tensors, and return ``n`` results.

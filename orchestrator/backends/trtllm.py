@@ -9,7 +9,7 @@ missing package raises ``ImportError`` naming it. The pure functions here (the `
 What the engine does:
 
 - ``tensorrt_llm.LLM(model, tokenizer, **options)`` with the options of
-  :func:`lookahead_reasoning.engine_specs.llm_api_options` turned into ``tensorrt_llm.llmapi`` objects
+  :func:`lookahead_reasoning.production.engine_specs.llm_api_options` turned into ``tensorrt_llm.llmapi`` objects
   (``KvCacheConfig`` with block reuse on, ``CudaGraphConfig``, the decoding config of ``spec.drafting``).
   The LLM API does in-flight batching and prefix (KV block) reuse itself, so the ``gamma + 1`` branches of
   a Lookahead Reasoning cycle share their prefix's KV blocks.
@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any
 
-from ..engine_specs import EngineSpec, llm_api_options
+from ..production.engine_specs import EngineSpec, llm_api_options
 from .base import (LoopThreadEngine, GenerationCounters, GenerationRequest, GenerationResult, finish_generation,
                    first_stop_end)
 from .tokenizer import TokenizerAccess

@@ -2,7 +2,7 @@
 
 ``TritonLRClient.stream(...)`` yields :class:`StepChunk` objects as steps arrive (the last one carries the
 request's metrics); ``generate(...)`` returns the whole answer. Request parameters are the model's inputs
-(:data:`lookahead_reasoning.request.FIELDS`, Triton names): ``max_tokens``, ``temperature``, ``top_p``,
+(:data:`lookahead_reasoning.core.request.FIELDS`, Triton names): ``max_tokens``, ``temperature``, ``top_p``,
 ``top_k``, ``seed``, ``stop``, ``mode``, ``gamma``, ``judge``, ``async``, ``adaptive_gamma``, ``width``,
 ``delimiter``, ``max_step_tokens``.
 """
@@ -16,7 +16,7 @@ from typing import AsyncIterator
 
 import numpy as np
 
-from ..request import FIELDS
+from ..core.request import FIELDS
 
 MODEL = "lookahead_reasoning"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..request import FIELDS, TRITON_OUTPUTS
+from ..core.request import FIELDS, TRITON_OUTPUTS
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "triton_models"
 ROLES = ("draft", "target", "judge")

@@ -31,8 +31,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, create_model
 
-from ..request import BY_NAME, FIELDS, RequestError, openai_body_fields, translate
-from ..steps import ReasoningStream, split_reasoning
+from ..core.request import BY_NAME, FIELDS, RequestError, openai_body_fields, translate
+from ..core.steps import ReasoningStream, split_reasoning
 from .client import ServerError, TritonLRClient
 
 
@@ -92,7 +92,7 @@ class CompletionRequest(_Common):
 
 
 class ChatRequest(_Common):
-    messages: list[dict]  # checked by the server (one definition: lookahead_reasoning.request.Message)
+    messages: list[dict]  # checked by the server (one definition: lookahead_reasoning.core.request.Message)
 
 
 def _usage(*metrics: dict) -> dict[str, int]:
@@ -153,7 +153,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
     async def _invalid(request: Request, exc: RequestValidationError):
         """HTTP 400 naming the body field (``messages[1].content``); a body that is not a JSON object gets one
         sentence saying so, never pydantic's dump of the error (which names our source files)."""
-        from ..errors import field_path
+        from ..core.errors import field_path
 
         first = exc.errors()[0] if exc.errors() else {}
         loc = tuple(x for x in first.get("loc", ()) if x != "body")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Literal
 
-from ..lookahead import MODES
+from ..core.lookahead import MODES
 
 SOURCES = ("draft", "target")
 ROLES = ("target", "draft")
@@ -141,7 +141,7 @@ class ServerMetrics:
         self._get(name, labels).observe(seconds)
 
     def record_request(self, mode: str, m) -> None:
-        """Count a finished request's :class:`~lookahead_reasoning.metrics.RequestMetrics` ``m``."""
+        """Count a finished request's :class:`~lookahead_reasoning.core.metrics.RequestMetrics` ``m``."""
         self.add("lookahead_requests_total", 1, mode=mode)
         self.add("lookahead_prompt_tokens_total", m.prompt_tokens, mode=mode)
         self.add("lookahead_generation_tokens_total", m.generated_tokens, mode=mode)

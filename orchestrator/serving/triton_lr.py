@@ -1,7 +1,7 @@
 """Library side of the ``lookahead_reasoning`` Triton model: the streaming BLS orchestrator.
 
 A decoupled Python-backend model with ``async def execute``: for each request it runs the Lookahead
-Reasoning loop (:class:`~lookahead_reasoning.lookahead.LookaheadReasoner`) over the ``draft``, ``target`` and
+Reasoning loop (:class:`~lookahead_reasoning.core.lookahead.LookaheadReasoner`) over the ``draft``, ``target`` and
 ``judge`` role models called through BLS (:class:`~lookahead_reasoning.backends.triton_bls.TritonBLSEngine`),
 sends one response per decided step when ``stream`` is true (``text_output`` = the step, ``metrics`` = JSON
 ``{"step_tokens", "source", "depth"}``), and ends with a response holding the request's metrics as JSON and a
@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..request import FIELDS, TRITON_INPUTS, Limits, RequestError, front_error, parse_request
+from ..core.request import FIELDS, TRITON_INPUTS, Limits, RequestError, front_error, parse_request
 from .server_metrics import ServerMetrics, error_reason
 from .triton_role import load_model_profile, model_parameters
 
@@ -37,7 +37,7 @@ _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority
 
 
 def decode_inputs(get) -> dict:
-    """The request's values from the model's input tensors (canonical names, :data:`~lookahead_reasoning.request.FIELDS`).
+    """The request's values from the model's input tensors (canonical names, :data:`~lookahead_reasoning.core.request.FIELDS`).
 
     Args:
         get: ``Triton input name -> numpy array or None``.
@@ -91,7 +91,7 @@ class LookaheadReasoningModel:
         import triton_python_backend_utils as pb_utils
 
         from ..backends.triton_bls import TritonBLSEngine
-        from ..lookahead import LookaheadReasoner
+        from ..core.lookahead import LookaheadReasoner
 
         self.pb = pb_utils
         params = model_parameters(args)
@@ -130,7 +130,7 @@ class LookaheadReasoningModel:
         ])
 
     async def _one(self, request) -> None:
-        from ..lookahead import LRResult
+        from ..core.lookahead import LRResult
 
         pb, metrics = self.pb, self.metrics
         t0 = time.perf_counter()

@@ -115,7 +115,7 @@ class RoleModel:
             tensors = [pb.Tensor(name, arr) for name, arr in results_to_arrays(results).items()]
             sender.send(pb.InferenceResponse(output_tensors=tensors), flags=final)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error response; the model stays up
-            from ..errors import one_line
+            from ..core.errors import one_line
 
             bad = isinstance(exc, ValueError)
             msg = one_line(exc) if bad else f"{type(exc).__name__}: {exc}"

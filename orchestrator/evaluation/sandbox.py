@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 
 
 class HumanEvalItem(Protocol):
-    """What grading needs of a HumanEval item (:class:`lookahead_reasoning.answers.EvalItem` has it)."""
+    """What grading needs of a HumanEval item (:class:`lookahead_reasoning.evaluation.answers.EvalItem` has it)."""
 
     id: str
     kind: str

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .backends.base import FinishReason
+from ..backends.base import FinishReason
 
 DEFAULT_DELIMITER = "\n\n"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Sequence
 
-from .steps import THINK_CLOSE
+from ..core.steps import THINK_CLOSE
 
 __all__ = [
     "ANSWER_PREFIX",

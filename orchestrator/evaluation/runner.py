@@ -3,7 +3,7 @@
 Each mode runs every item sequentially (concurrency 1) on the same engines. Reported per mode: accuracy
 (with its standard error ``sqrt(p (1 - p) / n)``), output tokens/s (total generated tokens / total seconds),
 ``speedup_vs_ar`` (that throughput over ``ar``'s), step acceptance rate (accepted / verified drafted steps,
-also per depth), and for speculative modes the analytic estimate of :mod:`.metrics` computed with the run's
+also per depth), and for speculative modes the analytic estimate of :mod:`..core.metrics` computed with the run's
 own acceptance and a calibrated cost model.
 
 Prompts: an item's chat form (the paper's math instruction, the HumanEval instruction) is used when the
@@ -36,9 +36,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .answers import check_answer, load_items, EvalItem
-from .lookahead import LookaheadReasoner, LROptions, with_overrides
-from .metrics import RequestMetrics
-from .steps import split_steps
+from ..core.lookahead import LookaheadReasoner, LROptions, with_overrides
+from ..core.metrics import RequestMetrics
+from ..core.steps import split_steps
 
 #: Bootstrap resamples and seed of :func:`bootstrap_speedup_ci` (fixed, so a report is reproducible).
 BOOTSTRAP_RESAMPLES = 2000
@@ -79,7 +79,7 @@ class ModeReport:
 
     @property
     def steps_per_answer(self) -> float | None:
-        """Mean steps per answer (:func:`~lookahead_reasoning.steps.split_steps` of each item's last turn)."""
+        """Mean steps per answer (:func:`~lookahead_reasoning.core.steps.split_steps` of each item's last turn)."""
         return self.answer_steps / self.n if self.n else None
 
     @property
@@ -113,11 +113,11 @@ class ModeReport:
         return [a / v if v else None for a, v in zip(t.accepted_by_depth, t.verified_by_depth)]
 
     def estimate(self, ar: "ModeReport | None" = None, **kw) -> float | None:
-        """The speed model's prediction of ``speedup_vs_ar``: equation (1) of :mod:`.metrics` on this run's totals
+        """The speed model's prediction of ``speedup_vs_ar``: equation (1) of :mod:`..core.metrics` on this run's totals
         divided by equation (1)
         for ``ar``, the ``ar`` run on the same items (both charge the prompts' prefill, so an ``ar`` run is
         exactly 1.0); the undivided estimate without ``ar``. ``kw``: ``iid`` or ``free_draft_and_judge`` of
-        :meth:`.metrics.RequestMetrics.estimate` for this run."""
+        :meth:`..core.metrics.RequestMetrics.estimate` for this run."""
         est = self.totals.estimate(self.cost_model, **kw)
         base = ar.totals.estimate(ar.cost_model) if ar is not None else None
         return est / base if est is not None and base else est
@@ -447,8 +447,8 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
     ``acceptance_by_depth.png`` (accepted / verified drafted steps at each depth, per speculative mode, with
     the binomial standard error ``sqrt(p (1 - p) / n)`` over the ``n`` steps verified at that depth) and, when a
     document has a ``gamma_sweep``, ``speedup_vs_gamma.png`` (measured tokens/s speedup over ``ar`` with its 95%
-    paired-bootstrap interval; dotted: the analytic estimate of :mod:`.metrics`). A mode keeps its colour, line
-    style and marker in every plot (:data:`.bench_report.MODE_STYLE`); depth and gamma axes tick at integers.
+    paired-bootstrap interval; dotted: the analytic estimate of :mod:`..core.metrics`). A mode keeps its colour, line
+    style and marker in every plot (:data:`..benchmarking.bench_report.MODE_STYLE`); depth and gamma axes tick at integers.
     Returns the written paths."""
     import matplotlib
 
@@ -456,7 +456,7 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .bench_report import mode_style
+    from ..benchmarking.bench_report import mode_style
 
     def finish(ax, **labels) -> None:  # integer x ticks, grid, legend
         ax.set(**labels)

@@ -74,7 +74,7 @@ class RoleCounters:
         call_forwards: per call, the decoding forwards of its longest row, summed (``F_p`` / ``F_q`` of the speed
             model: a call lasts until its last row ends).
         forward_passes: decoding forwards summed over rows; ``forward_positions``: the positions per row those
-            forwards computed (padded widths, :class:`~.backends.base.GenerationCounters`).
+            forwards computed (padded widths, :class:`~..backends.base.GenerationCounters`).
         proposed_tokens, accepted_tokens: token-level SD proposals inside the calls, and those that reached the
             output.
         prefill_tokens, prefill_calls: prompt tokens computed rather than served from the prefix cache, in that
@@ -214,7 +214,7 @@ class RequestMetrics:
 
     def estimate(self, cost, iid: bool = False, free_draft_and_judge: bool = False) -> float | None:
         """Equation (1) with this request's (or run's) counts and the calibrated ``c``, ``b`` and ``v`` of
-        ``cost`` (a :class:`~lookahead_reasoning.calibration.CostModel`); None without one. Units: generated
+        ``cost`` (a :class:`~lookahead_reasoning.core.calibration.CostModel`); None without one. Units: generated
         tokens per target step T, so an ``ar`` run gets slightly under 1 (its prompt's prefill); the predicted
         speedup of a run vs ``ar`` is its estimate over the ``ar`` run's (``evaluation.ModeReport.estimate``).
 

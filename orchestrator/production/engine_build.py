@@ -10,7 +10,7 @@ Runtime ``llmapi`` (TensorRT-LLM LLM API, PyTorch runtime; the supported path):
    Hugging Face checkpoint with NVIDIA ModelOpt and exports a Hugging Face-format FP8 checkpoint to
    ``<out>/checkpoint`` (runs on a GPU host, or on CPU for small models; see that script).
 2. ``<out>/llm_api_options.yaml``: the options of ``tensorrt_llm.LLM`` = the file ``trtllm-serve MODEL
-   --config FILE`` reads (:func:`~lookahead_reasoning.engine_specs.llm_api_options`).
+   --config FILE`` reads (:func:`~lookahead_reasoning.production.engine_specs.llm_api_options`).
 3. ``<out>/serve.sh``: one ``trtllm-serve`` per replica, pinned with ``CUDA_VISIBLE_DEVICES``.
 4. ``<out>/engine_spec.yaml``, ``<out>/model_specs.yaml`` (profile entries for this role on the ``trtllm``
    and ``openai`` runtimes) and ``<out>/build_manifest.json``.
@@ -43,7 +43,7 @@ import yaml
 
 from .engine_specs import ENGINES_DIR, EngineSpec, dump_spec, llm_api_options, load_spec, with_runtime
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPTS = REPO / "build_scripts"
 #: Where the legacy quantize.py lives on the build host (the TensorRT-LLM examples folder).
 TRTLLM_EXAMPLES_ENV = "TRTLLM_EXAMPLES"

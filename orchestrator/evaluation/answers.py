@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .steps import ReasoningParser, split_reasoning
+from ..core.steps import ReasoningParser, split_reasoning
 
 MATH_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the whole function in one "
@@ -66,7 +66,7 @@ class EvalItem:
 def data_dir() -> Path:
     """``$LOOKAHEAD_DATA_DIR``, else ``<repo>/data`` (the benchmark sets this repository carries)."""
     env = os.environ.get("LOOKAHEAD_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "data"
 
 
 def _user(text: str) -> tuple:
@@ -360,7 +360,7 @@ def check_answer(item: EvalItem, text: str, reasoning_parser: ReasoningParser = 
     """True/False for graded items, None for ungraded ones (MT-Bench). HumanEval runs in a subprocess.
 
     Only the final answer is graded, never the reasoning: ``text`` is split by ``reasoning_parser``
-    (:func:`~lookahead_reasoning.steps.split_reasoning`); an answer still inside an unclosed reasoning block
+    (:func:`~lookahead_reasoning.core.steps.split_reasoning`); an answer still inside an unclosed reasoning block
     has no final answer and is wrong.
     """
     if item.reference is None:

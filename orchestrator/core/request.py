@@ -5,7 +5,7 @@ Triton model (its input tensors, ``config.pbtxt`` and the client's tensor types)
 front (JSON body fields) and the Python API. :data:`FIELDS` lists every field once, with its type and its name
 on each front; the CLI flags, the Triton input list, ``config.pbtxt``, the client's tensor types and the OpenAI
 body model are derived from it. :class:`LRRequest` holds the typed values, and :func:`parse_request` is the
-one validation and the one conversion to :class:`~lookahead_reasoning.lookahead.LROptions`. The limits that
+one validation and the one conversion to :class:`~lookahead_reasoning.core.lookahead.LROptions`. The limits that
 the options themselves carry (``gamma >= 0``, ``0 < top_p <= 1``, ...) are checked there, by ``LROptions``.
 
 Errors are :class:`RequestError` (a field and a message). Each front names the field in its own terms with

@@ -36,8 +36,8 @@ from typing import AsyncIterator, Literal, Sequence, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
-from .backends.base import (Engine, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig,
-                            start_requests)
+from ..backends.base import (Engine, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig,
+                             start_requests)
 from .errors import FieldError, from_validation
 from .metrics import RequestMetrics
 from .steps import ReasoningParser, Step, StepConfig
@@ -225,7 +225,7 @@ class LookaheadReasoner:
         defaults: default :class:`LROptions`.
         use_chat_template: wrap plain prompts as one user message when a model has a chat template.
         reasoning_parser: how answers split into reasoning and final answer
-            (:func:`~lookahead_reasoning.steps.split_reasoning`; speculation runs over both alike).
+            (:func:`~lookahead_reasoning.core.steps.split_reasoning`; speculation runs over both alike).
         judges: the judges this reasoner serves, built now (the embedding judge's model loads here, not at a
             request); a request for another is refused naming ``judge``. None: any judge, built at first use
             (one process, one user: the CLI and ``eval``).
@@ -300,7 +300,7 @@ class LookaheadReasoner:
         """Yield a :class:`StepEvent` per decided piece of output, then the :class:`LRResult`.
 
         ``checked``: the input already passed :func:`check_input` (the request boundary,
-        :func:`lookahead_reasoning.request.parse_request`, checks it once for every front); otherwise it is
+        :func:`lookahead_reasoning.core.request.parse_request`, checks it once for every front); otherwise it is
         checked here (the Python API).
 
         Raises:
@@ -384,7 +384,7 @@ def check_input(prompt: str | None, messages, max_bytes: int | None = None) -> l
     """The input of a request: exactly one of ``prompt`` (a non-blank string) or ``messages`` (a non-empty list
     of ``{role: system|user|assistant, content}``, some content non-blank), valid UTF-8, at most ``max_bytes``
     UTF-8 bytes of text when given. :meth:`LookaheadReasoner.stream` calls it once per request; the request
-    boundary (:func:`lookahead_reasoning.request.parse_request`) uses it for every front.
+    boundary (:func:`lookahead_reasoning.core.request.parse_request`) uses it for every front.
 
     Returns:
         the messages as :class:`Message` normalises them (content parts joined, other keys dropped), or None for

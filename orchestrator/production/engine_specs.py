@@ -4,7 +4,7 @@ A spec says how ONE role's model is served in production on NVIDIA GPUs: which H
 which precision (bf16, FP8 weights via NVIDIA ModelOpt, FP8 KV cache), parallelism and GPU ids, batch and
 sequence limits, KV-cache memory and block reuse, token-level drafting (none, n-gram, EAGLE3, draft-target,
 Medusa) and CUDA graphs. ``lookahead-reasoning build --spec FILE`` turns it into artifacts (an FP8
-checkpoint, the LLM-API options YAML, serve scripts; see :mod:`lookahead_reasoning.engine_build`), and the
+checkpoint, the LLM-API options YAML, serve scripts; see :mod:`lookahead_reasoning.production.engine_build`), and the
 TensorRT-LLM backend (:mod:`lookahead_reasoning.backends.trtllm`) builds its ``tensorrt_llm.LLM`` from it.
 
 Runtimes (``runtime``):
@@ -52,7 +52,7 @@ RUNTIMES: tuple[str, ...] = ("llmapi", "trt-engine", "portable")
 FP8_MIN_COMPUTE_CAPABILITY = 8.9
 
 #: Where build artifacts go by default (ignored by git): ``<repo>/engines/built/<name>``.
-ENGINES_DIR = Path(os.environ.get("LOOKAHEAD_ENGINES_DIR", Path(__file__).resolve().parents[1] / "engines"))
+ENGINES_DIR = Path(os.environ.get("LOOKAHEAD_ENGINES_DIR", Path(__file__).resolve().parents[2] / "engines"))
 
 
 class _Strict(BaseModel):

@@ -24,7 +24,7 @@ from typing import Literal, Protocol, Sequence, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .backends.base import Engine, GenerationRequest
+from ..backends.base import Engine, GenerationRequest
 from .judge_prompt import build_judge_ids, verdict_token_ids
 from .steps import Step
 

@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .backends.base import Engine, GenerationRequest, SpecDecodeConfig
+from ..backends.base import Engine, GenerationRequest, SpecDecodeConfig
 
 
 @dataclass
@@ -285,7 +285,7 @@ def calibrate(target: Engine, draft: Engine | None, ns=(2, 3, 4, 5, 6, 8), promp
 
 
 def calibrate_reasoner(reasoner, prompt: str | None = None, messages=None, ns=(2, 3, 4, 5, 6, 8)) -> CostModel:
-    """:func:`calibrate` of a :class:`~lookahead_reasoning.lookahead.LookaheadReasoner`'s target and draft with
+    """:func:`calibrate` of a :class:`~lookahead_reasoning.core.lookahead.LookaheadReasoner`'s target and draft with
     the prompt of a representative request (``prompt`` or chat ``messages``) as each model sees it (chat
     template applied); the built-in text when neither is given."""
     if prompt is None and messages is None:

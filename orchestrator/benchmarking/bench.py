@@ -43,7 +43,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
-from .answers import EvalItem
+from ..evaluation.answers import EvalItem
 
 PERCENTILES = (50, 90, 95, 99)
 ENDPOINTS = ("triton-grpc", "triton-http", "openai-chat", "openai-completions")
@@ -61,7 +61,7 @@ RUN_VARIANTS: dict[str, dict] = {"adaptive": {"adaptive_gamma": True}}
 def parse_runs(text: str) -> list[str]:
     """``--modes`` of ``bench``: modes, each optionally ``:VARIANT`` (:data:`RUN_VARIANTS`; only the step-speculating
     modes ``lr`` and ``lr+sd`` have one). ``ValueError`` names ``--modes``."""
-    from .lookahead import parse_modes
+    from ..core.lookahead import parse_modes
 
     runs = [r.strip() for r in str(text).split(",") if r.strip()]
     parse_modes(",".join(r.partition(":")[0] for r in runs))
@@ -349,7 +349,7 @@ async def run_bench(send: SendFn, items: Sequence[EvalItem], config: BenchConfig
     Raises:
         ValueError: as :func:`run_load` (no items, not exactly one of concurrency / request rate).
     """
-    from .evaluation import load_average, measurement_block
+    from ..evaluation.runner import load_average, measurement_block
 
     load_start = load_average()
     spare = warmup_item if warmup_item is not None else (items[0] if items else None)
@@ -503,11 +503,11 @@ def cmd_bench(args) -> int:
     from pathlib import Path
 
     from .bench_report import environment, export_genai_perf, plot_bench, write_summary
-    from .evaluation import load_with_spare, write_json
+    from ..evaluation.runner import load_with_spare, write_json
 
     config = config_from_args(args)
     items, spare = load_with_spare(args.dataset, config.requests)  # the spare item (if any) is the warm-up's
-    from .serving.client import ServerError, transport_error
+    from ..serving.client import ServerError, transport_error
 
     try:
         doc = asyncio.run(_bench_with_client(args, config, items, spare))

@@ -1,6 +1,6 @@
 """The ``eval`` command's handler: several datasets, a ``--gamma`` sweep, plots (argument handling only).
 
-Wiring in :mod:`.cli`: the request's flags without those ``eval`` sets itself (:data:`EVAL_SKIP`: the prompt
+Wiring in :mod:`..cli`: the request's flags without those ``eval`` sets itself (:data:`EVAL_SKIP`: the prompt
 comes from the datasets, the modes from ``--modes``, and ``--gamma`` is a list here), then
 :func:`add_eval_arguments`.
 """
@@ -46,7 +46,7 @@ def parse_gammas(text: str | None) -> list[int]:
 def _table(doc: dict):
     from rich.table import Table
 
-    from .evaluation import format_speedup
+    from .runner import format_speedup
 
     fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
     table = Table(title=f"{doc['dataset']}: {doc['n']} items")
@@ -69,8 +69,8 @@ def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> 
     """Markdown headline tables (per dataset: one row per mode, then the gamma sweep) with date, machine,
     command and how speed was measured (``common["measurement"]``, with its load warning), for
     ``benchmarks/RESULTS.md``. Speedups read ``"1.23 [1.10, 1.35]"``: the point estimate and its 95% interval."""
-    from .bench_report import measurement_lines
-    from .evaluation import format_speedup
+    from ..benchmarking.bench_report import measurement_lines
+    from .runner import format_speedup
 
     f = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
     m = common.get("machine", {})
@@ -81,7 +81,7 @@ def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> 
              "- tok/s = generated tokens / seconds, one request at a time; speedup = tok/s over ar's [95% paired "
              "bootstrap interval over items]; acceptance = "
              "accepted / verified drafted steps; estimate = the speed model's predicted speedup vs ar (equation (1) "
-             "of lookahead_reasoning.metrics for the mode over the same for ar, with the run's counts)", ""]
+             "of lookahead_reasoning.core.metrics for the mode over the same for ar, with the run's counts)", ""]
     for doc in docs:
         lines += [f"## {doc['dataset']} ({doc['n']} items)", "",
                   "| mode | accuracy | tok/s | speedup vs ar | acceptance | estimate |", "|---|---|---|---|---|---|"]
@@ -104,23 +104,23 @@ def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> 
 def cmd_eval(args) -> int:
     """Validate everything, start the engines once, evaluate each dataset, write JSON and plots.
 
-    Speed is measured as :mod:`.evaluation` describes: per dataset one untimed warm-up request per run on a
+    Speed is measured as :mod:`.runner` describes: per dataset one untimed warm-up request per run on a
     spare item (item ``limit + 1``; the first item when there is none), then the modes (and, with a
     ``--gamma`` sweep, the speculative modes at each other gamma, and ``ar``) interleaved per item in a rotated
-    order. The JSON gets a ``measurement`` block (see :func:`.evaluation.measurement_block`); a high load at
+    order. The JSON gets a ``measurement`` block (see :func:`.runner.measurement_block`); a high load at
     the start is also printed to stderr and put in the markdown."""
     from rich.console import Console
     from tqdm import tqdm
 
-    from .bench_report import environment
-    from .calibration import calibrate_reasoner
-    from .evaluation import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE,
-                             WARMUP_REQUESTS, gamma_row,
-                             load_average, load_with_spare, measurement_block, plot_eval, report_json, run_interleaved,
-                             sweep_options, uses_chat_template, write_json)
-    from .lookahead import parse_modes
-    from .profiles import build_reasoner_for, close_reasoner, load_profile
-    from .request import Limits, parse_request, request_values
+    from ..benchmarking.bench_report import environment
+    from ..core.calibration import calibrate_reasoner
+    from .runner import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE,
+                         WARMUP_REQUESTS, gamma_row,
+                         load_average, load_with_spare, measurement_block, plot_eval, report_json, run_interleaved,
+                         sweep_options, uses_chat_template, write_json)
+    from ..core.lookahead import parse_modes
+    from ..profiles import build_reasoner_for, close_reasoner, load_profile
+    from ..core.request import Limits, parse_request, request_values
 
     load_start = load_average()  # before this process loads the CPU: the 1-minute average counts it too
 

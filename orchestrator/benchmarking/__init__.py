@@ -1,0 +1,1 @@
+"""Benchmarking a running server: the bench client and its report (tables, plots)."""

@@ -1,0 +1,1 @@
+"""The Lookahead Reasoning core: steps, verifiers (judges), the loop, the request, metrics and calibration."""

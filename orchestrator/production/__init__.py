@@ -1,0 +1,1 @@
+"""The production build: engine specs (YAML) and the TensorRT-LLM engine builds."""
