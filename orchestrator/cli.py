@@ -71,7 +71,8 @@ def cmd_generate(args) -> int:
                           "metrics": metrics}))
     else:
         acc = "n/a" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
-        print(f"\n[{res.mode}] {m.generated_tokens} tokens in {m.seconds:.2f} s ({m.tokens_per_s:.1f} tok/s), "
+        print(flush=True)  # the answer's line ends on stdout
+        print(f"[{res.mode}] {m.generated_tokens} tokens in {m.seconds:.2f} s ({m.tokens_per_s:.1f} tok/s), "
               f"{m.cycles} cycles, step acceptance {acc}, finish={res.finish_reason}", file=sys.stderr)
     return 0
 
@@ -110,8 +111,8 @@ def cmd_serve(args) -> int:
     from .serving.server import ServerConfig, TritonServer, check_ports_free, prepare_repository, serve_forever
 
     # before anything is written: a busy port ends here, naming its option
-    check_ports_free(args.host, {"http_port": args.http_port, "grpc_port": args.grpc_port,
-                                 "metrics_port": args.metrics_port})
+    check_ports_free(args.host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
+                                 "--metrics-port": args.metrics_port, "--openai-port": args.openai_port})
     limits = {"max_tokens_limit": str(args.max_tokens_limit), "max_prompt_bytes": str(args.max_prompt_bytes),
               "max_concurrency": str(args.max_concurrency), "bls_threads": str(args.bls_threads),
               "call_timeout_s": str(args.call_timeout_s or 0),
@@ -174,9 +175,22 @@ def cmd_client(args) -> int:
     if args.json:
         print(json.dumps({"text": text, "mode": metrics.get("mode"), "metrics": metrics}))
     else:
-        print(f"\n[{metrics.get('mode')}] {metrics.get('generated_tokens')} tokens in "
-              f"{metrics.get('seconds', 0):.2f} s, acceptance {metrics.get('acceptance_rate')}", file=sys.stderr)
+        acc = metrics.get("acceptance_rate")
+        print(flush=True)  # the answer's line ends on stdout
+        print(f"[{metrics.get('mode')}] {metrics.get('generated_tokens')} tokens in {metrics.get('seconds', 0):.2f} s, "
+              f"acceptance {'n/a' if acc is None else f'{acc:.2f}'}", file=sys.stderr)
     return 0
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default where it has one of its own. Unset flags (default None: the request's fields take
+    the profile's values) and required ones show none, and a help text that names its default is left as is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.required or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -184,7 +198,7 @@ class _Parser(argparse.ArgumentParser):
     in ``--help``."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _Help)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]

@@ -34,3 +34,16 @@ def test_bench_against_the_server(endpoint, tiny_server, tiny_openai, tmp_path, 
     assert json.loads(exported[0].read_text())["input_config"]["endpoint"] == endpoint
     assert sorted(p.name for p in (tmp_path / "bench_plots").glob("*.png")) == [
         "goodput_speedup.png", "latency_cdf.png", "latency_vs_load.png"]
+
+
+def test_bench_where_every_request_fails_exits_nonzero_saying_why(tiny_openai, tmp_path, capsys):
+    """A model the front does not serve: every request gets 404, so nothing was measured; the command says so on
+    stderr, naming the load point and the error, and exits 1 (the report is still written)."""
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--url", f"http://{tiny_openai}/v1", "--endpoint", "openai-chat", "--model", "nope",
+               "--concurrency", "1", "--requests", "2", "--modes", "ar", "--max-tokens", "8", "--out", str(out),
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "error: ar at concurrency 1: all 2 requests failed" in err and "nope" in err, err
+    assert "UserWarning" not in err
+    assert json.loads(out.read_text())["runs"][0]["completed"] == 0

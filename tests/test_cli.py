@@ -145,10 +145,16 @@ def test_every_flag_has_help_and_its_default_shown():
     assert set(sub.choices) >= {"generate", "eval", "serve", "client", "bench", "build"}
     serve_help = _cli("serve", "--help").stdout
     assert "(default: 8002)" in serve_help and "--reasoning-parser" in serve_help
+    # no made-up defaults: an unset request flag takes the profile's value, which the group's heading names
+    gen_help = _cli("generate", "--help").stdout
+    assert "(default: None)" not in gen_help and "unset flags take the profile's defaults" in gen_help
+    assert "(default: None)" not in _cli("bench", "--help").stdout
 
 
 @pytest.mark.parametrize("command", [["client", "--prompt", "hi"], ["client", "--prompt", "hi", "--protocol", "http"],
-                                     ["bench", "--concurrency", "1", "--requests", "1", "--out", "OUT"]])
+                                     ["bench", "--concurrency", "1", "--requests", "1", "--out", "OUT"],
+                                     ["bench", "--endpoint", "openai-chat", "--concurrency", "1", "--requests", "1",
+                                      "--out", "OUT"]])
 def test_no_server_at_the_url_is_one_line_naming_it(command, tmp_path):
     from lookahead_reasoning.serving.server import free_port
 
@@ -156,6 +162,27 @@ def test_no_server_at_the_url_is_one_line_naming_it(command, tmp_path):
     out = _cli(*[str(tmp_path / "b.json") if a == "OUT" else a for a in command], "--url", url)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and f"cannot reach the server at {url}" in lines[0], out.stderr
+
+
+def test_serve_refuses_a_busy_openai_port_and_two_flags_on_one_port():
+    """The ports are checked before Triton starts, the OpenAI front's too, and two flags may not share a port."""
+    import socket
+
+    from lookahead_reasoning.serving.server import free_port
+
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "lookahead_reasoning.cli", "serve", "--http-port", str(http),
+                              "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--openai-port", str(port)],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--openai-port" in out.stderr and "in use" in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "lookahead_reasoning.cli", "serve", "--http-port", str(http),
+                          "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--openai-port", str(http)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--openai-port" in out.stderr and "--http-port" in out.stderr, out.stderr
 
 
 def test_serve_on_a_busy_port_says_so_and_leaves_nothing(tmp_path):

@@ -114,6 +114,9 @@ def test_openai_front(openai_front, items):
 
     client = openai.OpenAI(base_url=f"http://{openai_front}/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == ["demo"]
+    assert client.models.retrieve("demo").id == "demo"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
     item = items[0]
     done = client.completions.create(model="demo", prompt=item.prompt, max_tokens=MAX_TOKENS)
     assert done.choices[0].text and done.usage.completion_tokens > 0
@@ -243,6 +246,12 @@ def test_openai_front_body_that_is_not_json(openai_front):
         assert ".py" not in r.text
     ok = httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=60)
     assert ok.status_code == 200
+    # a prompt of none of its accepted types names the field, not pydantic's union member ("prompt.str")
+    for prompt in (5, [1, "a"]):
+        r = httpx.post(f"http://{openai_front}/v1/completions", json={"prompt": prompt, "max_tokens": 4}, timeout=30)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "prompt" and err["message"].startswith("prompt: "), r.text
+        assert ".str" not in r.text and "list[" not in r.text
 
 
 def test_openai_front_splits_reasoning(openai_front, triton_server, items):

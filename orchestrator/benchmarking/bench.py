@@ -526,4 +526,9 @@ def cmd_bench(args) -> int:
     print(summary.read_text())  # the tables are the command's output (stdout); progress and warnings go to stderr
     if doc["measurement"].get("warning"):
         print(f"warning: {doc['measurement']['warning']}", file=sys.stderr)
-    return 0
+    dead = [r for r in doc["runs"] if not r["completed"]]
+    for r in dead:  # a load point where nothing completed measured nothing: say why, exit non-zero
+        key = "concurrency" if "concurrency" in r else "request_rate"
+        print(f"error: {r['mode']} at {key} {r[key]}: all {r['failed']} requests failed: "
+              f"{(r.get('errors') or ['unknown error'])[0]}", file=sys.stderr)
+    return 1 if dead else 0

@@ -111,7 +111,8 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests" if metric != "itl" else "fraction of chunks")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
     fig.suptitle("Latency CDF per mode (line width: load)")
     fig.tight_layout()
     cdf = folder / "latency_cdf.png"
@@ -136,8 +137,12 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
                 continue
             colour, style, marker = mode_style(mode)
             xs = [r[key] for r in rs]
-            ax.errorbar(xs, [r[f"{metric}_ms"]["mean"] for r in rs], yerr=[r[f"{metric}_ms"]["std"] for r in rs],
-                        color=colour, linestyle=style, marker=marker, capsize=3, label=f"{mode} mean +- std")
+            d = [r[f"{metric}_ms"] for r in rs]
+            # one standard deviation each way, clipped to the observed range (a latency is never below its min)
+            err = [[min(x["std"], x["mean"] - x.get("min", 0.0)) for x in d],
+                   [min(x["std"], x.get("max", x["mean"] + x["std"]) - x["mean"]) for x in d]]
+            ax.errorbar(xs, [x["mean"] for x in d], yerr=err, color=colour, linestyle=style, marker=marker,
+                        capsize=3, label=f"{mode} mean +- std (within min..max)")
             ax.plot(xs, [r[f"{metric}_ms"]["p99"] for r in rs], color=colour, linestyle="none", marker="_",
                     markersize=12, label=f"{mode} p99")
         ax.set_ylabel(label)
@@ -159,7 +164,7 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
         if mode != "ar" and sp:
             a2.plot(*zip(*sp), color=colour, linestyle=style, marker=marker, label=mode)
     a1.set_ylabel("goodput (requests/s meeting all SLOs)" if has_slo else "requests/s (no SLO given)")
-    a2.set_ylabel("speedup vs ar (output tokens/s)")
+    a2.set_ylabel("speedup vs ar (output tokens/s; one run per point)")
     a2.axhline(1.0, color="gray", linewidth=0.8)
     for ax in (a1, a2):
         load_axis(ax)

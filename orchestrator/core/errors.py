@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class FieldError(ValueError):
     """A bad value: ``field`` (a path such as ``gamma`` or ``messages[1].role``) and ``message``; ``str()`` reads
@@ -12,10 +14,22 @@ class FieldError(ValueError):
         self.field, self.message = field, message
 
 
+#: Union-member tags pydantic puts in an error's location (``("prompt", "list[int]", 0)``): not field names.
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|[\w-]+\[.*\])$")
+
+
+def is_type_tag(part) -> bool:
+    """Whether a location part is a union-member tag (``str``, ``list[int]``, ``function-after[...]``)."""
+    return isinstance(part, str) and bool(_TYPE_TAG.match(part))
+
+
 def field_path(loc) -> str:
-    """A pydantic error location as a path: ``("messages", 1, "role")`` -> ``"messages[1].role"``."""
+    """A pydantic error location as a path: ``("messages", 1, "role")`` -> ``"messages[1].role"``; union-member
+    tags are left out (``("prompt", "str")`` -> ``"prompt"``)."""
     out = ""
     for part in loc:
+        if is_type_tag(part):
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 

@@ -352,13 +352,19 @@ class Message(BaseModel):
     """One chat message (other keys, such as OpenAI's ``name``, are ignored).
 
     ``content`` is a string or, as in OpenAI's chat API, a list of content parts; only text parts
-    (``{"type": "text", "text": "..."}``) are accepted, joined with ``"\n"`` as vLLM joins them.
+    (``{"type": "text", "text": "..."}``) are accepted, joined with ``"\n"`` as vLLM joins them. OpenAI's
+    ``developer`` role (its newer name for instructions) is read as ``system``, as vLLM's chat templates do.
     """
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant"]
     content: StrictStr
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _developer_is_system(cls, value):
+        return "system" if value == "developer" else value
 
     @field_validator("content", mode="before")
     @classmethod
@@ -368,9 +374,11 @@ class Message(BaseModel):
         texts = []
         for j, part in enumerate(value):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            if kind != "text" or not isinstance(part.get("text"), str):
+            if kind != "text":
                 raise ValueError(f"part {j}: only text parts {{\"type\": \"text\", \"text\": \"...\"}} are "
                                  f"supported, got {kind!r}")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"part {j}: a text part needs \"text\" (a string)")
             texts.append(part["text"])
         return "\n".join(texts)
 

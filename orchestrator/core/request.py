@@ -271,7 +271,7 @@ def parse_request(values: Mapping[str, Any], defaults: LROptions, limits: Limits
     if limits.max_tokens is not None and req.max_tokens is not None and req.max_tokens > limits.max_tokens:
         raise RequestError("max_tokens", f"{req.max_tokens} exceeds the server limit of {limits.max_tokens}")
     if limits.max_gamma is not None and req.gamma is not None and req.gamma > limits.max_gamma:
-        raise RequestError("gamma", f"{req.gamma} exceeds the server cap of {limits.max_gamma}")
+        raise RequestError("gamma", f"{req.gamma} exceeds the cap of {limits.max_gamma} (the profile's max_gamma_cap)")
     try:
         return req, req.options(defaults)
     except ValidationError as exc:
@@ -285,7 +285,9 @@ def openai_body_fields() -> dict[str, tuple[Any, Any]]:
     out: dict[str, tuple[Any, Any]] = {}
     for f in FIELDS:
         if f.openai and f.name not in ("prompt", "messages"):
-            ann = LRRequest.model_fields[f.name].annotation
+            info = LRRequest.model_fields[f.name]
+            # the field's constraints (strictness, 64-bit range) travel in its metadata, not its annotation
+            ann = Annotated.__class_getitem__((info.annotation, *info.metadata)) if info.metadata else info.annotation
             out[f.name] = (Optional[ann], Field(None, alias=f.openai))
     return out
 
@@ -293,7 +295,12 @@ def openai_body_fields() -> dict[str, tuple[Any, Any]]:
 def add_request_flags(parser, skip: tuple[str, ...] = ()) -> None:
     """The command line's request flags: one per field with a ``cli`` name (not in ``skip``), typed by its
     dtype (``BOOL``: a switch; a list: repeatable) and stored under the canonical name; :func:`parse_request`
-    validates the values (:func:`request_values` collects them)."""
+    validates the values (:func:`request_values` collects them). They form one help group: an unset flag takes
+    the profile's default (``LROptions``; the demo: mode ``lr+sd``, gamma 4, greedy, the ``llm`` judge, 800
+    tokens; gamma at most the profile's ``max_gamma_cap``, 8 by default)."""
+    parser = parser.add_argument_group(
+        "request", "unset flags take the profile's defaults (demo: mode lr+sd, gamma 4, greedy, judge llm, "
+                   "max tokens 800; gamma at most the profile's max_gamma_cap, 8 by default)")
     for f in FIELDS:
         if f.cli is None or f.name in skip:
             continue

@@ -46,8 +46,11 @@ def transport_error(exc: BaseException, url: str) -> str:
         if "UNAVAILABLE" in str(exc.status()) or "failed to connect" in text.lower():
             return f"cannot reach the server at {url}: {text}"
         return f"server at {url}: {text}".splitlines()[0]
-    if isinstance(exc, (httpx.TransportError, ConnectionError)):
-        return f"cannot reach the server at {url} (HTTP): {type(exc).__name__}: {exc}".splitlines()[0]
+    cause: BaseException | None = exc  # the openai client wraps httpx's error (APIConnectionError)
+    while cause is not None:
+        if isinstance(cause, (httpx.TransportError, ConnectionError)):
+            return f"cannot reach the server at {url} (HTTP): {type(cause).__name__}: {cause}".splitlines()[0]
+        cause = cause.__cause__ or cause.__context__
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 

@@ -153,7 +153,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
     async def _invalid(request: Request, exc: RequestValidationError):
         """HTTP 400 naming the body field (``messages[1].content``); a body that is not a JSON object gets one
         sentence saying so, never pydantic's dump of the error (which names our source files)."""
-        from ..core.errors import field_path
+        from ..core.errors import field_path, is_type_tag
 
         first = exc.errors()[0] if exc.errors() else {}
         loc = tuple(x for x in first.get("loc", ()) if x != "body")
@@ -162,12 +162,26 @@ def create_app(grpc_url: str, model_name: str | None = None):
             ctype = request.headers.get("content-type", "")
             hint = "" if "json" in ctype else " (send the header Content-Type: application/json)"
             return error(400, f"body: expected a JSON object{hint}", "body")
-        return error(400, f"{param}: {first.get('msg', 'invalid request')}", param)
+        msg = first.get("msg", "invalid request")
+        if any(is_type_tag(x) for x in loc):  # a union (prompt: text, texts or token ids): none of its types fit
+            msg = f"not any of the accepted types ({msg.lower()} or ...)"
+        return error(400, f"{param}: {msg}", param)
+
+    async def model_card() -> dict:
+        return {"id": await served_model(), "object": "model", "created": 0, "owned_by": "lookahead-reasoning"}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": await served_model(), "object": "model", "created": 0,
-                                            "owned_by": "lookahead-reasoning"}]}
+        return {"object": "list", "data": [await model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        card = await model_card()
+        if model_id != card["id"]:
+            return JSONResponse(status_code=404, content={"error": {
+                "message": f"model: {model_id!r} does not exist (this server serves {card['id']!r})",
+                "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
+        return card
 
     @app.get("/health")
     async def health():

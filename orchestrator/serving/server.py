@@ -36,8 +36,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_ports_free(host: str, ports: dict[str, int]) -> None:
-    """Raise ``ValueError`` naming the option (``http_port``, ...) whose port another process already listens
-    on: the new server could not bind it, and a health check would be answered by the other one."""
+    """Raise ``ValueError`` naming the option (a key of ``ports``) whose port another process already listens
+    on, or two options given the same port: the new server could not bind it, and a health check would be
+    answered by the other one. Options whose port is None (not served) are skipped."""
+    ports = {k: v for k, v in ports.items() if v is not None}
+    seen: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in seen:
+            raise ValueError(f"{name}: port {port} is also given to {seen[port]}")
+        seen[port] = name
     for name, port in ports.items():
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -162,6 +162,7 @@ class LookaheadReasoningModel:
                 async for event in gen:
                     if request.is_cancelled():
                         metrics.add("lookahead_requests_cancelled_total", mode=mode)
+                        self._access(f"status=cancelled mode={mode} e2e_s={time.perf_counter() - t0:.3f}")
                         sender.send(flags=final)
                         return
                     if isinstance(event, LRResult):
