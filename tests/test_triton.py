@@ -221,13 +221,17 @@ def test_openai_front_list_and_token_id_prompts(openai_front, items):
     ({"response_format": {"type": "json_object"}}, 400, "response_format"),
 ])
 def test_openai_front_refuses_what_it_does_not_do(openai_front, extra, status, param):
-    """An unknown model or a parameter this server does not implement is refused by name, not ignored."""
-    import httpx
+    """With the official ``openai`` client: an unknown model (404) or a parameter this server does not implement
+    (400) is refused by name, not ignored."""
+    import openai
 
-    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
-    r = httpx.post(f"http://{openai_front}/v1/chat/completions", json=body, timeout=30)
-    assert r.status_code == status and r.json()["error"]["param"] == param, r.text
-    assert r.json()["error"]["message"].startswith(param)
+    client = openai.OpenAI(base_url=f"http://{openai_front}/v1", api_key="unused", max_retries=0)
+    kwargs = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(**kwargs)
+    err = info.value.response.json()["error"]
+    assert info.value.status_code == status and err["param"] == param, err
+    assert err["message"].startswith(param)
 
 
 def test_openai_front_body_that_is_not_json(openai_front):
