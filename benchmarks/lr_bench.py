@@ -30,9 +30,9 @@ from tqdm import tqdm
 from lookahead_reasoning.backends.base import SpecDecodeConfig
 from lookahead_reasoning.core.calibration import calibrate_reasoner
 from lookahead_reasoning.evaluation.runner import (
-                                                   BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE, WARMUP_REQUESTS, format_speedup,
-                                                   load_average, load_with_spare, measurement_block, run_interleaved, uses_chat_template,
-                                                   )
+    BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE, WARMUP_REQUESTS, format_speedup,
+    load_average, load_with_spare, measurement_block, run_interleaved, uses_chat_template,
+)
 from lookahead_reasoning.core.lookahead import with_overrides
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 

@@ -188,7 +188,8 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text or action.required or action.default in (None, False, argparse.SUPPRESS):
+        if "default" in text or action.required or action.default is None or action.default is False \
+                or action.default == argparse.SUPPRESS:
             return text
         return super()._get_help_string(action)
 
@@ -261,10 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-concurrency", type=_positive_int, default=256, help="requests in flight before refusing")
     s.add_argument("--bls-threads", type=_positive_int, default=64,
                    help="worker threads for the orchestrator's BLS calls (role-model calls in flight at once)")
-    s.add_argument("--call-timeout-s", type=float, default=None, help="timeout of each call to a role model")
-    s.add_argument("--judge-timeout-s", type=float, default=None, help="per judge call; slower = drafts rejected")
-    s.add_argument("--draft-timeout-s", type=float, default=None, help="per draft call; slower = target-only")
-    s.add_argument("--target-timeout-s", type=float, default=None, help="per target call; slower = error")
+    s.add_argument("--call-timeout-s", type=float, default=None, help="timeout of each call to a role model, s (unset: none)")
+    s.add_argument("--judge-timeout-s", type=float, default=None, help="per judge call, s; slower = drafts rejected (unset: none)")
+    s.add_argument("--draft-timeout-s", type=float, default=None, help="per draft call, s; slower = target-only (unset: none)")
+    s.add_argument("--target-timeout-s", type=float, default=None, help="per target call, s; slower = error (unset: none)")
     s.add_argument("--log-file", default=None,
                    help="append Triton's log (with one access-log line per request) here instead of stderr")
     s.add_argument("--log-level", choices=("error", "warning", "info", "verbose"), default="info",

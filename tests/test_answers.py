@@ -9,9 +9,9 @@ import json
 import pytest
 
 from lookahead_reasoning.evaluation.answers import (
-                                                    DATASET_FILES, MATH_SUFFIX, EvalItem, check_answer, data_dir, extract_gsm8k, final_answer, last_boxed,
-                                                    load_items, normalize_math, to_number,
-                                                    )
+    DATASET_FILES, MATH_SUFFIX, EvalItem, check_answer, data_dir, extract_gsm8k, final_answer, last_boxed,
+    load_items, normalize_math, to_number,
+)
 
 
 def gsm(ref: str) -> EvalItem:

@@ -16,9 +16,9 @@ import pytest
 
 from lookahead_reasoning.evaluation.answers import EvalItem
 from lookahead_reasoning.benchmarking.bench import (
-                                                    BenchConfig, RequestTimeline, client_send, config_from_args, meets_slo, parse_list, parse_slo,
-                                                    parse_runs, percentiles_ms, poisson_arrivals, register, run_bench, run_load, run_request, summarize,
-                                                    )
+    BenchConfig, RequestTimeline, client_send, config_from_args, meets_slo, parse_list, parse_slo,
+    parse_runs, percentiles_ms, poisson_arrivals, register, run_bench, run_load, run_request, summarize,
+)
 
 
 def tl(send, chunks, tokens, end=None, ok=True):

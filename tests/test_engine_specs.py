@@ -12,8 +12,8 @@ import yaml
 
 from lookahead_reasoning.production.engine_build import Command, WriteFile, main as build_main, plan_build, register
 from lookahead_reasoning.production.engine_specs import (
-                                                         EngineSpec, dump_spec, llm_api_options, load_spec, spec_from_dict, with_runtime,
-                                                         )
+    EngineSpec, dump_spec, llm_api_options, load_spec, spec_from_dict, with_runtime,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p for p in (REPO / "engines").glob("*.yaml"))

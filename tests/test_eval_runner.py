@@ -12,9 +12,9 @@ import yaml
 from lookahead_reasoning.evaluation.answers import EvalItem, load_items
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.evaluation.runner import (
-                                                   ModeReport, bootstrap_speedup_ci, format_speedup, load_warning, measurement_block, plot_eval, report_json,
-                                                   run_eval, run_gamma_sweep, run_mode, uses_chat_template,
-                                                   )
+    ModeReport, bootstrap_speedup_ci, format_speedup, load_warning, measurement_block, plot_eval, report_json,
+    run_eval, run_gamma_sweep, run_mode, uses_chat_template,
+)
 from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions
 from lookahead_reasoning.core.verifiers import VerifierConfig
 

@@ -11,8 +11,8 @@ import pytest
 from lookahead_reasoning.core.errors import FieldError
 from lookahead_reasoning.core.lookahead import LROptions, check_input
 from lookahead_reasoning.core.request import (
-                                              BY_NAME, FIELDS, TRITON_INPUTS, Limits, RequestError, canonical, parse_request, rename, translate,
-                                              )
+    BY_NAME, FIELDS, TRITON_INPUTS, Limits, RequestError, canonical, parse_request, rename, translate,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "triton_models" / "lookahead_reasoning" / "config.pbtxt"
@@ -128,3 +128,13 @@ def test_check_input_is_the_python_front():
         with pytest.raises(FieldError) as info:
             check_input(prompt, messages)
         assert info.value.field == field
+
+
+def test_developer_role_reads_as_system():
+    """OpenAI's ``developer`` role (its newer name for instructions) is read as ``system``, as vLLM does; another
+    role is refused naming the four accepted ones."""
+    req, _ = parse_request({"messages": [{"role": "developer", "content": "be brief"},
+                                         {"role": "user", "content": "2 + 2?"}]}, LROptions())
+    assert [m["role"] for m in req.chat()] == ["system", "user"]
+    with pytest.raises(RequestError, match=r"messages\[0\]\.role: must be .*'developer', got 'robot'"):
+        parse_request({"messages": [{"role": "robot", "content": "x"}]}, LROptions())

@@ -397,8 +397,8 @@ def register(subparsers) -> None:
     b.add_argument("--modes", default="ar,lr+sd",
                    help="comma-separated modes, run side by side; lr:adaptive / lr+sd:adaptive run that mode with "
                         "adaptive gamma")
-    b.add_argument("--slo", default=None, help="ttft_ms=X,tpot_ms=Y,e2e_ms=Z (goodput counts requests meeting all)")
-    b.add_argument("--max-tokens", type=int, default=None, help="new-token budget per request")
+    b.add_argument("--slo", default=None, help="ttft_ms=X,tpot_ms=Y,e2e_ms=Z (goodput counts requests meeting all; unset: no goodput)")
+    b.add_argument("--max-tokens", type=int, default=None, help="new-token budget per request (unset: the server profile's)")
     b.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     b.add_argument("--warmup", type=int, default=1, help="untimed warm-up requests per mode before timing")
     b.add_argument("--out", required=True, help="JSON report")

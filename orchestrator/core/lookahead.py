@@ -364,7 +364,11 @@ class Message(BaseModel):
     @field_validator("role", mode="before")
     @classmethod
     def _developer_is_system(cls, value):
-        return "system" if value == "developer" else value
+        if value == "developer":
+            return "system"
+        if value not in ("system", "user", "assistant"):
+            raise ValueError(f"must be 'system', 'user', 'assistant' or 'developer', got {value!r}")
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
