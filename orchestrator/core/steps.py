@@ -111,7 +111,9 @@ class ReasoningStream:
     delta, or both (the one holding ``</think>``), as vLLM streams ``reasoning_content`` then ``content``.
 
     Tags are never emitted. Text that could be the start of a tag split across deltas is held back until the
-    next delta (or :meth:`flush`) decides it.
+    next delta (or :meth:`flush`) decides it. Where the text has a reasoning block, both parts are stripped as
+    :func:`split_reasoning` strips them (leading white space dropped, trailing white space held until more text
+    follows), so the deltas of a stream add up to exactly the non-streamed split.
     """
 
     def __init__(self, parser: ReasoningParser = "qwen3") -> None:
@@ -119,15 +121,37 @@ class ReasoningStream:
         self._state = "reasoning" if parser == "deepseek_r1" else ("start" if parser == "qwen3" else "answer")
         self._held = ""
         self._seen = False  # deepseek_r1: whether the text that decides about a leading <think> has arrived
+        self._block = parser == "deepseek_r1"  # a reasoning block exists: both parts are stripped
+        self._trim_r, self._trim_a = _Strip(), _Strip()
 
     def feed(self, delta: str) -> tuple[str, str]:
         """Returns ``(reasoning_delta, answer_delta)`` (either may be ``""``)."""
+        was_reasoning = self._state == "reasoning"
+        reasoning, answer = self._feed(delta)
+        return self._stripped(reasoning, answer, closed=was_reasoning and self._state != "reasoning")
+
+    def flush(self) -> tuple[str, str]:
+        """The held-back text at the end of the stream (it was not a tag after all)."""
+        reasoning, answer = self._stripped(*self._flush(), closed=True)
+        if self._block:
+            self._trim_a.end()
+        return reasoning, answer
+
+    def _stripped(self, reasoning: str, answer: str, closed: bool) -> tuple[str, str]:
+        if not self._block:
+            return reasoning, answer
+        reasoning = self._trim_r.feed(reasoning)
+        if closed:  # </think> passed (or the stream ended): the reasoning's trailing white space is dropped
+            self._trim_r.end()
+        return reasoning, self._trim_a.feed(answer)
+
+    def _feed(self, delta: str) -> tuple[str, str]:
         text, self._held = self._held + delta, ""
         reasoning, answer = "", ""
         if self._state == "start":  # qwen3: reasoning only if the output opens with <think>
             head = text.lstrip()
             if head.startswith(THINK_OPEN):
-                self._state, text = "reasoning", head[len(THINK_OPEN):]
+                self._state, text, self._block = "reasoning", head[len(THINK_OPEN):], True
             elif THINK_OPEN.startswith(head):  # maybe the tag, not complete yet (or only whitespace so far)
                 self._held = text
                 return "", ""
@@ -154,12 +178,33 @@ class ReasoningStream:
             self._state = "answer"
         return reasoning, answer + text
 
-    def flush(self) -> tuple[str, str]:
-        """The held-back text at the end of the stream (it was not a tag after all)."""
+    def _flush(self) -> tuple[str, str]:
         held, self._held = self._held, ""
         if not held:
             return "", ""
         return (held, "") if self._state == "reasoning" else ("", held)
+
+
+class _Strip:
+    """Streamed ``str.strip``: leading white space dropped, trailing white space held until text follows it;
+    :meth:`end` drops what is held."""
+
+    def __init__(self) -> None:
+        self.started, self.held = False, ""
+
+    def feed(self, piece: str) -> str:
+        if not self.started:
+            piece = piece.lstrip()
+            if not piece:
+                return ""
+            self.started = True
+        piece = self.held + piece
+        body = piece.rstrip()
+        self.held = piece[len(body):]
+        return body
+
+    def end(self) -> None:
+        self.held = ""
 
 
 def _partial_suffix(text: str, tag: str) -> int:
