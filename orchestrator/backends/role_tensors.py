@@ -177,6 +177,7 @@ def check_role_call(requests: Sequence[GenerationRequest], max_rows: int = ROLE_
     if worst > max_new_tokens:
         raise ValueError(f"max_new_tokens: {worst} exceeds this role model's limit of {max_new_tokens}")
 
+
 def results_to_arrays(results: Sequence[GenerationResult]) -> dict[str, np.ndarray]:
     n, width = len(results), max([len(r.token_ids) for r in results] + [1])
     ids = np.full((n, width), -1, dtype=np.int32)

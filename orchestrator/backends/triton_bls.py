@@ -39,6 +39,16 @@ _STUB_SCAN: dict[int, tuple[float, dict[str, frozenset[int]]]] = {}
 _MODEL_PY = re.compile(r"/([^/]+)/\d+/model\.py$")
 
 
+def proc_stat(pid_dir: Path) -> list[str]:
+    """The fields of ``<pid_dir>/stat`` (Linux ``/proc/<pid>``) after the command name in parentheses:
+    ``[state, ppid, pgrp, ...]`` (proc(5)).
+
+    Raises:
+        OSError: the process is gone or unreadable; IndexError: not a stat line.
+    """
+    return (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
+
+
 def python_stubs(server_pid: int | None = None, max_age_s: float = 0.5) -> dict[str, frozenset[int]]:
     """Live (not zombie) Python-backend stub processes that the ``tritonserver`` process ``server_pid`` (default:
     this process's parent, for a caller inside a stub) started, by model name: the ``triton_python_backend_stub``
@@ -52,7 +62,7 @@ def python_stubs(server_pid: int | None = None, max_age_s: float = 0.5) -> dict[
     found: dict[str, set[int]] = {}
     for d in Path("/proc").glob("[0-9]*"):
         try:
-            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            state, ppid = proc_stat(d)[:2]
             if int(ppid) != parent or state == "Z":
                 continue
             args = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")

@@ -50,18 +50,10 @@ def from_validation(exc, field_of=field_path) -> FieldError:
 def describe(exc: BaseException) -> tuple[str, str]:
     """``(field, message)`` for an exception; pydantic validation errors name the field through their location,
     our own ``ValueError``s start with ``"field: "``. ``field`` is "" when unknown."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            loc = [str(x) for x in first.get("loc", ()) if not str(x).isdigit()]
-            msg = str(first.get("msg", exc)).replace("Value error, ", "")
-            field = ".".join(loc)  # the full path, e.g. "judge.name"
-            if not field and ":" in msg:  # model-level validators put the field in the message
-                head, rest = msg.split(":", 1)
-                if head.isidentifier():
-                    return head, rest.strip()
-            return field, msg
+    if callable(getattr(exc, "errors", None)):
+        try:  # the full dotted path, e.g. "judge.name" (list indices left out)
+            err = from_validation(exc, lambda loc: ".".join(str(x) for x in loc if not str(x).isdigit()))
+            return err.field, err.message
         except Exception:  # noqa: BLE001 - fall through to the plain message
             pass
     text = str(exc).strip()

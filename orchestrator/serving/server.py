@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.role_tensors import INTERNAL_KEY_ENV
-from ..backends.triton_bls import python_stubs
+from ..backends.triton_bls import proc_stat, python_stubs
 from .model_repository import render_repository
 
 
@@ -190,8 +190,9 @@ class TritonServer:
         while not self._stopping.wait(self.config.watch_interval_s):
             if self.proc is None or self.proc.poll() is not None:
                 return
-            stubs = python_stubs(self.proc.pid, max_age_s=0)
-            for model in seen - set(stubs):
+            stubs = set(python_stubs(self.proc.pid, max_age_s=0))
+            reloaded = set()
+            for model in seen - stubs:
                 if self._request("GET", f"/v2/models/{model}/ready") != 200:
                     continue  # unloaded or loading: not a death
                 if model in python_stubs(self.proc.pid, max_age_s=0):
@@ -201,9 +202,11 @@ class TritonServer:
                 self._request("POST", f"/v2/repository/models/{model}/unload")
                 code = self._request("POST", f"/v2/repository/models/{model}/load", timeout=self.ready_timeout_s)
                 self.restarts.append((time.time(), model))
-                if code != 200:
+                if code == 200:
+                    reloaded.add(model)
+                else:
                     print(f"lookahead-reasoning: reloading {model!r} failed (HTTP {code})", file=sys.stderr, flush=True)
-            seen = set(python_stubs(self.proc.pid, max_age_s=0))
+            seen = stubs | reloaded  # a reloaded model has a new process: watched from now on
 
     def _request(self, method: str, path: str, timeout: float = 10.0) -> int | None:
         """HTTP status of one call to this server's HTTP endpoint (None: no answer)."""
@@ -285,11 +288,6 @@ class TritonServer:
 OWNER_FILE = "owner.pid"  # in a temporary model repository: the pid of the ``serve`` that made it
 
 
-def _proc_pgrp(stat: str) -> int:
-    """The process group field of a ``/proc/<pid>/stat`` line (after the command name in parentheses)."""
-    return int(stat.rsplit(")", 1)[1].split()[2])
-
-
 def _mapped_shm(pid_dir: Path) -> set[str]:
     try:
         maps = (pid_dir / "maps").read_text()
@@ -304,7 +302,7 @@ def shm_segments_of(pgid: int) -> set[str]:
     out: set[str] = set()
     for d in Path("/proc").glob("[0-9]*"):
         try:
-            if _proc_pgrp((d / "stat").read_text()) == pgid:
+            if int(proc_stat(d)[2]) == pgid:
                 out |= _mapped_shm(d)
         except (OSError, ValueError, IndexError):
             continue
