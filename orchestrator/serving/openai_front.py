@@ -167,6 +167,12 @@ def create_app(grpc_url: str, model_name: str | None = None):
             msg = f"not any of the accepted types ({msg.lower()} or ...)"
         return error(400, f"{param}: {msg}", param)
 
+    def unknown_model(asked: str, served: str) -> JSONResponse:
+        """HTTP 404 with OpenAI's ``model_not_found`` error body."""
+        return JSONResponse(status_code=404, content={"error": {
+            "message": f"model: {asked!r} does not exist (this server serves {served!r})",
+            "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
+
     async def model_card() -> dict:
         return {"id": await served_model(), "object": "model", "created": 0, "owned_by": "lookahead-reasoning"}
 
@@ -177,11 +183,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         card = await model_card()
-        if model_id != card["id"]:
-            return JSONResponse(status_code=404, content={"error": {
-                "message": f"model: {model_id!r} does not exist (this server serves {card['id']!r})",
-                "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
-        return card
+        return card if model_id == card["id"] else unknown_model(model_id, card["id"])
 
     @app.get("/health")
     async def health():
@@ -215,9 +217,7 @@ def create_app(grpc_url: str, model_name: str | None = None):
         created = int(time.time())
         name = await served_model()
         if body.model is not None and body.model != name:
-            return JSONResponse(status_code=404, content={"error": {
-                "message": f"model: {body.model!r} does not exist (this server serves {name!r})",
-                "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
+            return unknown_model(body.model, name)
         refused = body.unsupported()
         if refused:
             return error(400, refused, refused.split(":")[0])
