@@ -341,9 +341,10 @@ def drill_example(tok, rng: random.Random, max_tokens: int = 128) -> tuple[list[
 
 
 def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: int = 16,
-                    drill_every: int = 3) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless stream of training batches: fresh problems (difficulty mix), length-bucketed; every
-    ``drill_every``-th batch (0: never) is packed arithmetic facts instead (:func:`drill_example`)."""
+                    drill_every: int = 3, voice: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless stream of training batches: fresh problems (difficulty mix) worded in ``voice``
+    (:data:`synthetic.VOICES`), length-bucketed; every ``drill_every``-th batch (0: never) is packed
+    arithmetic facts instead (:func:`drill_example`)."""
     rng = random.Random(seed)
     eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
     levels, weights = zip(*DIFFICULTY_MIX.items())
@@ -353,7 +354,7 @@ def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: 
         rows = []
         for i in range(batch_size * chunk_batches):
             d = rng.choices(levels, weights)[0]
-            p = syn.generate_problems(1, syn.derive_seed(seed, "train", chunk, i), d, style)[0]
+            p = syn.generate_problems(1, syn.derive_seed(seed, "train", chunk, i), d, style, voice)[0]
             rows.append(lm_example(tok, p, eos_id))
         rows.sort(key=lambda r: len(r[0]))
         batches = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
@@ -781,6 +782,10 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     res["accuracy"]["target_by_difficulty_n100"] = by_d
 
     pairs = real_pairs(target, draft, tok, problems, desc="eval: step agreement")
+    in_voice = syn.generate_problems(n_eval, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style, voice=1)
+    for r in pairs:  # the draft against its own training voice (the same meaning, the draft's words)
+        g = in_voice[r["problem"]]
+        r["draft_exact_own_voice"] = r["draft"] == (g.answer_line if r["final"] else g.steps[r["position"]])
     steps_only = [r for r in pairs if not r["final"]]
     finals = [r for r in pairs if r["final"]]
     mean = lambda rows, k: sum(r[k] for r in rows) / max(1, len(rows))  # noqa: E731
@@ -788,6 +793,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
         "n_steps": len(steps_only), "exact": mean(steps_only, "exact"), "semantic": mean(steps_only, "semantic"),
         "target_vs_gold_semantic": mean(steps_only, "target_gold"), "draft_vs_gold_semantic": mean(steps_only, "draft_gold"),
         "target_vs_gold_exact": mean(steps_only, "target_exact_gold"), "draft_vs_gold_exact": mean(steps_only, "draft_exact_gold"),
+        "draft_vs_voice1_gold_exact": mean(steps_only, "draft_exact_own_voice"),
         "n_final_lines": len(finals), "final_exact": mean(finals, "exact"), "final_semantic": mean(finals, "semantic"),
     }
     sa = res["step_agreement"]
@@ -900,6 +906,8 @@ def fmt_table(res: dict) -> str:
         f"{s['target_vs_gold_exact'] * 100:.1f}% | |",
         f"| Draft step = gold step: semantic / exact (close to draft vs target: the target writes the gold step) | {s['draft_vs_gold_semantic'] * 100:.1f}% / "
         f"{s['draft_vs_gold_exact'] * 100:.1f}% | |",
+        *([f"| Draft step = the gold step in the draft's own voice (`voice=1`): exact | "
+           f"{s['draft_vs_voice1_gold_exact'] * 100:.1f}% | |"] if "draft_vs_voice1_gold_exact" in s else []),
         f"| Final answer line, draft vs target ({s['n_final_lines']}): exact / semantic | {s['final_exact'] * 100:.1f}% / "
         f"{s['final_semantic'] * 100:.1f}% | |",
         *(f"| Step kind `{k}` ({v['n']} steps): draft vs target exact / semantic; target = gold; draft = gold | "
@@ -976,8 +984,10 @@ Trace steps, each one sentence: a plan (how many changes to apply); per event, t
 sentence), its computation(s) `x op y = r` (integers; `+ - x /`; exact divisions), a check that re-derives the
 operand by the inverse operation, and the running value; then a conclusion. Every step kind has three sentence
 frames, and operands of `+`/`x` come in either order; the wording is a fixed function of the person's name,
-the item and the step's position (lookup tables), not a coin flip: the target learns it, the much smaller
-draft often picks another wording for the same content, which the judge accepts and exact matching rejects.
+the item and the step's kind (lookup tables), not a coin flip. The draft is trained on another fixed function
+of the same context, its own voice ({tr.get('draft', {}).get('voice', 'target')}; `generate_problems(..., voice=1)`:
+the same questions and step meanings, about two thirds of the steps worded otherwise), as a small model of another
+family phrases steps its own way: the judge accepts those steps and exact matching rejects them.
 `step_meaning` is the ground truth of what a step says. Difficulty (1 to 5) sets the computations (3-4, 4-6,
 5-7, 6-8, 7-8; difficulty 2 averages {res.get('task', {}).get('steps_per_answer_mean', 0):.0f} steps per
 answer) and the magnitudes (running values <= 60, 100, 500, 2000, 9999).""" if long else f"""`generate_problems(n, seed, difficulty)`: a person, items or money, and 2 to 8 events (buy boxes, find / lose /
@@ -1040,7 +1050,9 @@ Training sequences: target and draft see the chat prompt (no loss) and the solut
 sees `build_judge_ids(tok, step_a, step_b)` (the fixed judge prompt, pre-filled `[`) followed by the verdict
 word, `]` and EOS, with loss on those answer tokens (negatives weighted higher, to keep precision on
 "aligned" high), on labelled step pairs from `generate_step_pairs` (paraphrases, commutative reorders, and
-hard negatives: one digit changed, other operands, other operation, another step of the problem) plus real
+hard negatives: one digit changed, other operands, other operation, another step of the problem, a restated
+given against another event with the same numbers; half of the pairs drawn per step kind, so that the
+one-per-problem kinds are not rare) plus real
 (target step, draft step) pairs that the trained target and draft wrote from gold prefixes of training
 problems, labelled with `steps_equivalent`.
 
@@ -1114,8 +1126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draft-steps", type=int, default=100000)
     ap.add_argument("--draft-minutes", type=float, default=8.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=1,
+                    help="wording of the draft's training solutions: 0 the target's, 1 its own (synthetic.step_style)")
     ap.add_argument("--judge-steps", type=int, default=100000)
-    ap.add_argument("--judge-minutes", type=float, default=18.0)
+    ap.add_argument("--judge-minutes", type=float, default=22.0)
     ap.add_argument("--judge-lr", type=float, default=1.5e-3)
     ap.add_argument("--judge-neg-weight", type=float, default=10.0, help="loss weight of 'unaligned' verdicts")
     ap.add_argument("--judge-init", default="target",
@@ -1187,9 +1201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             draft = make_model(DRAFT_SPEC, tok, syn.derive_seed(args.seed, "init-draft"))
             tqdm.write(f"   {draft.num_parameters():,} parameters ({draft.num_parameters() / target.num_parameters():.3f} of the target)")
             b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size)
-            training["draft"] = train_lm(draft, problem_batches(tok, syn.derive_seed(args.seed, "data-draft"), b.batch_size, args.style),
+            batches = problem_batches(tok, syn.derive_seed(args.seed, "data-draft"), b.batch_size, args.style,
+                                      voice=args.draft_voice)
+            training["draft"] = train_lm(draft, batches,
                                          b, device, "draft", dev_solve_eval(draft, tok, 48 if not args.quick else 8, args.seed),
                                          dev_every_steps=args.dev_every_steps)
+            training["draft"]["voice"] = syn.VOICES[args.draft_voice]
             save_checkpoint(draft, tok, out / "draft")
         draft = load_checkpoint(out / "draft", device)[0] if (out / "draft").exists() else None
 

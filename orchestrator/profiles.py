@@ -34,6 +34,8 @@ class ModelSpec(BaseModel):
         "auto", description="portable runtime: auto picks bfloat16 where it is faster (see backends.model_runner.choose_dtype)")
     device: str = "cpu"
     num_threads: int | None = Field(1, ge=1, description="torch threads of this engine")
+    compile: bool = Field(False, description="portable runtime: torch.compile the model at start-up "
+                                             "(PortableEngineConfig.compile)")
     max_batch_size: int = Field(64, ge=1)
     prefix_cache_mb: float = Field(256.0, gt=0)
     url: str | None = Field(None, description="server address for the openai/triton runtimes")

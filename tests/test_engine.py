@@ -253,6 +253,30 @@ def test_static_cache_mode_equals_dynamic(model_dirs, reference):
         eng.close()
 
 
+@pytest.mark.slow
+def test_compiled_engine_equals_reference(model_dirs, reference):
+    """``compile: true`` (torch.compile, compiled at start-up): the same greedy tokens as plain transformers
+    decoding, batched, one by one and with n-gram SD (whose widths and masks take other graphs)."""
+    if model_dirs[0] != str(DEMO / "target"):
+        pytest.skip("one checkpoint is enough: compiling costs tens of seconds")
+    eng = PortableEngine.from_pretrained(str(DEMO / "draft"), num_threads=1, dtype="float32", compile=True)
+    model = AutoModelForCausalLM.from_pretrained(DEMO / "draft").eval()
+    try:
+        want = []
+        for ids, _ in reference:
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                                 pad_token_id=eng.tokenizer.pad_token_id)
+            want.append(_truncate_at_eos(eng, gen[0, len(ids):].tolist()))
+        for spec in (SpecDecodeConfig(), NGRAM):
+            assert [r.token_ids for r in eng.generate(_reqs(reference, spec))] == want
+        assert [eng.generate([r])[0].token_ids for r in _reqs(reference)] == want
+        with pytest.raises(ValueError, match="compile"):
+            PortableEngine.from_pretrained(str(DEMO / "draft"), compile=True, cuda_graphs=True, static_cache=True,
+                                           device="cuda")
+    finally:
+        eng.close()
+
+
 def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draft_dir):
     """The cost model of the speed model (lookahead_reasoning.core.calibration) on real engines: step times, b(n) for
     the asked n, and v(w) from the portable engine's step timings (which it switches back off)."""

@@ -251,6 +251,41 @@ def test_long_wording_is_a_lookup_by_kind_and_varies_across_problems():
     assert all(len(v) == 3 for k, v in frames.items() if k != "close"), frames
 
 
+@pytest.mark.parametrize("style", syn.STYLES)
+def test_the_draft_voice_says_the_same_in_other_words(style):
+    """Voice 1 (the draft's training data) keeps every question, answer and step meaning of voice 0 and words
+    about half of the steps differently, as a fixed function of the context."""
+    a = syn.generate_problems(300, seed=17, style=style)
+    b = syn.generate_problems(300, seed=17, style=style, voice=1)
+    assert b == syn.generate_problems(300, seed=17, style=style, voice=1)
+    same = total = 0
+    for p, q in zip(a, b):
+        assert (p.question, p.answer, p.computations, p.specs) == (q.question, q.answer, q.computations, q.specs)
+        assert q.context.voice == 1 and p.context.voice == 0
+        for s, t in zip(p.steps, q.steps):
+            assert steps_equivalent(s, t), (s, t)
+            same += s == t
+            total += 1
+    assert 0.2 < same / total < 0.5, same / total
+    with pytest.raises(ValueError, match="voice"):
+        syn.generate_problems(1, 0, voice=len(syn.VOICES))
+
+
+def test_long_step_pairs_hold_event_negatives_and_every_kind_often():
+    """Judge pairs: a restated given against another event of the problem with the same numbers (the words of
+    the event are all that differ), and the one-per-problem kinds about as often as computations."""
+    pairs = syn.generate_step_pairs(3000, seed=8, style="long")
+    kinds = [syn.step_meaning(a)[0] for a, _, _ in pairs]
+    counts = {k: kinds.count(k) for k in set(kinds)}
+    assert min(counts[k] for k in ("plan", "conclude", "final", "summary")) > 0.3 * counts["given"]
+    event_negatives = [
+        (a, b) for (a, b, y), k in zip(pairs, kinds)
+        if k == "given" and not y and syn.step_meaning(b)[0] == "given"
+        and re.findall(r"\d+", a) == re.findall(r"\d+", b)]
+    assert len(event_negatives) >= 10
+    assert all(syn.step_meaning(a) != syn.step_meaning(b) for a, b in event_negatives)
+
+
 def test_derive_seed_is_deterministic_and_never_a_held_out_seed():
     seeds = [syn.derive_seed(0, "train", i) for i in range(2000)]
     assert seeds == [syn.derive_seed(0, "train", i) for i in range(2000)]

@@ -143,6 +143,12 @@ class ModelRunner:
         self._mask_arg = (lambda m: {"full_attention": m, "sliding_attention": m}) if sliding else (lambda m: m)
         self.graphs = None  # a GraphRunner once running_cache() built the static cache it replays over
         self._running: BatchKVCache | None = None
+        # torch.compile (TorchDynamo + Inductor, dynamic shapes) for decoding forwards: the compiled module
+        # replaces the per-op Python of the transformers forward with generated C++ kernels; the weights and the
+        # cache stay shared. Prefills stay eager: their shapes vary most, and a prefill is one call per request.
+        # Dynamo still specialises sizes 0/1 (one row, one position), so a decoder takes a few graphs: rows 1 or
+        # more x width 1 or more x mask or none (https://pytorch.org/docs/stable/torch.compiler.html).
+        self._decode = torch.compile(self.model, dynamic=True) if config.compile else self.model
 
     def new_cache(self) -> BatchKVCache:
         """An empty dynamic cache (a group being admitted, a shared prefix being prefilled)."""
@@ -189,5 +195,33 @@ class ModelRunner:
         }
         if not logits:
             kwargs["logits_to_keep"] = 1
-        out = self.model(**kwargs)
-        return out.logits if logits else None
+            self.model(**kwargs)
+            return None
+        return self._decode(**kwargs).logits
+
+    @torch.inference_mode()
+    def warm_up(self, prompt_tokens: int = 64) -> float:
+        """Run the decoding forwards a scheduler issues (one row or several, one position or SD widths, with and
+        without a mask) on a throw-away cache, so that a compiled model compiles its graphs now rather than
+        during the first requests. Returns the seconds it took.
+
+        Args:
+            prompt_tokens: prefill length (token ids are arbitrary: only the shapes matter).
+        """
+        t0 = time.perf_counter()
+        vocab = self.model.config.vocab_size
+        for rows, width in ((1, 1), (1, 3), (3, 1), (3, 4)):
+            cache = self.new_cache()
+            cache.add_rows([None] * rows)
+            ids = (torch.arange(rows * prompt_tokens).reshape(rows, prompt_tokens) * 7919) % vocab
+            pos = torch.arange(prompt_tokens).expand(rows, -1)
+            self.forward(cache, ids, pos, torch.ones_like(ids, dtype=torch.bool), logits=False)
+            for step in range(3):  # step 1 leaves a hole in row 0: decoding with holes takes a mask
+                cols = torch.arange(width)
+                pos = (prompt_tokens + step * width + cols).repeat(rows, 1)  # contiguous, as the scheduler's
+                self.forward(cache, ids[:, :width].clone(), pos, torch.ones((rows, width), dtype=torch.bool),
+                             logits=True)
+                cache.keep_new(cache.length - width, torch.tensor([width - (step == 1)] + [width] * (rows - 1)))
+        seconds = time.perf_counter() - t0
+        log.info("portable engine %s: compiled in %.1f s", self.config.model, seconds)
+        return seconds

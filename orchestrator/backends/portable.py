@@ -67,6 +67,9 @@ class PortableEngineConfig(BaseModel):
                                                  "(needs device cuda and static_cache)")
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     graph_widths: tuple[int, ...] = Field((1,), description="captured new-token counts per row (1 + SD tokens)")
+    compile: bool = Field(False, description="torch.compile the model (inductor, dynamic shapes) and compile its "
+                                             "forwards at start-up: a forward of a small model loses most of its "
+                                             "per-call Python overhead; start-up takes seconds to minutes longer")
 
     @model_validator(mode="after")
     def _check_gpu_mode(self) -> "PortableEngineConfig":
@@ -74,6 +77,8 @@ class PortableEngineConfig(BaseModel):
             raise ValueError("cuda_graphs: needs static_cache")
         if self.cuda_graphs and not self.device.startswith("cuda"):
             raise ValueError("cuda_graphs: needs a cuda device")
+        if self.compile and self.cuda_graphs:
+            raise ValueError("compile: choose one of compile and cuda_graphs")
         return self
 
 
@@ -171,6 +176,8 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.prefix_cache = PrefixCache(self.config.block_size, int(self.config.prefix_cache_mb * (1 << 20)))
         self._cache = self.runner.running_cache(self._context)
+        if self.config.compile:
+            self.runner.warm_up(min(self._context, 64))
 
     @property
     def model(self):

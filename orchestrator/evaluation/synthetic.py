@@ -44,6 +44,7 @@ __all__ = [
     "Problem",
     "ProblemContext",
     "STYLES",
+    "VOICES",
     "DEFAULT_STYLE",
     "STEP_KINDS",
     "TRACE_KINDS",
@@ -76,6 +77,9 @@ MAX_STEPS = 8
 DIFFICULTIES = (1, 2, 3, 4, 5)
 #: The difficulty used for evaluation (and the default of :func:`generate_problems`).
 DEFAULT_DIFFICULTY = 2
+
+#: Wording functions of the steps (:func:`step_style`): the target's and the draft's.
+VOICES = ("target", "draft")
 
 #: Solution styles: one computation per step, or a long reasoning trace (see :class:`Problem`).
 STYLES = ("short", "long")
@@ -144,6 +148,8 @@ class ProblemContext:
         unit: plural noun counted by the running quantity (``"pencils"`` or ``"dollars"``).
         item: the item noun that selects the wording table (for shop/work: the first thing bought or
             the job).
+        voice: which wording function words the steps (see :func:`step_style`): ``0`` the target's, ``1`` the
+            draft's. The question and the meaning of every step do not depend on it.
     """
 
     scenario: str
@@ -153,6 +159,7 @@ class ProblemContext:
     pron_poss: str
     unit: str
     item: str
+    voice: int = 0
 
 
 @dataclass(frozen=True)
@@ -287,13 +294,24 @@ def step_style(context: ProblemContext, position: int, kind: str | None = None) 
     style (``kind`` given) in the step's kind instead: a trace has 20+ steps, and a wording that depends on a
     step's index modulo a table would ask the model to count steps, where a fixed wording per kind of step is a
     plain lookup. Order 1 swaps the operands of ``+`` / ``x``.
+
+    ``context.voice`` 1 (the draft's voice) shifts frame and order by offsets hashed from the voice, the name,
+    the item and the kind (or position): another fixed function of the same context, which keeps voice 0's
+    frame for about a third of the (name, item, kind) keys and its operand order for half (a third of the steps
+    read the same in both voices). A draft trained on voice 1 says what the target says in its own words,
+    as a small model of another family does; only a semantic judge accepts those steps.
     """
     if kind is not None:
         frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _KIND_F[kind]) % 3
-        return frame, (_NAME_O[context.name] + _KIND_O[kind]) % 2
-    p = position % len(_POS_F)
-    frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _POS_F[p]) % 3
-    order = (_NAME_O[context.name] + _POS_O[p]) % 2
+        order = (_NAME_O[context.name] + _KIND_O[kind]) % 2
+    else:
+        p = position % len(_POS_F)
+        frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _POS_F[p]) % 3
+        order = (_NAME_O[context.name] + _POS_O[p]) % 2
+    if context.voice:
+        key = f"{context.voice}|{context.name}|{context.item}|{kind if kind is not None else position % len(_POS_F)}"
+        h = hashlib.blake2b(key.encode(), digest_size=2).digest()
+        frame, order = (frame + h[0] % 3) % 3, (order + h[1] % 2) % 2
     return frame, order
 
 
@@ -574,7 +592,7 @@ def _divisors(v: int) -> list[int]:
     return [k for k in range(2, 10) if v % k == 0 and v // k >= 2]
 
 
-def _generate_one(rng: random.Random, difficulty: int, style: str = "short") -> Problem:
+def _generate_one(rng: random.Random, difficulty: int, style: str = "short", voice: int = 0) -> Problem:
     level = _LEVELS[difficulty]
     if style == "long":
         level = _Level(_LONG_STEPS[difficulty], level.count, level.per, level.delta, level.cap)
@@ -595,7 +613,7 @@ def _generate_one(rng: random.Random, difficulty: int, style: str = "short") -> 
         item = _JOBS[rng.randrange(len(_JOBS))]
         unit = "dollars"
         box = boxes = ""
-    ctx = ProblemContext(scenario, name, pron, pobj, pposs, unit, item)
+    ctx = ProblemContext(scenario, name, pron, pobj, pposs, unit, item, voice)
     bld = _Builder(ctx, level, rng)
 
     # --- first quantity: a product (1 step)
@@ -794,7 +812,8 @@ def _apply_event(bld: _Builder, ev: str, rng: random.Random, name: str, pron: st
         raise ValueError(ev)
 
 
-def generate_problems(n: int, seed: int, difficulty: int = DEFAULT_DIFFICULTY, style: str = "short") -> list[Problem]:
+def generate_problems(n: int, seed: int, difficulty: int = DEFAULT_DIFFICULTY, style: str = "short",
+                      voice: int = 0) -> list[Problem]:
     """Generate ``n`` problems, deterministically from ``seed``.
 
     Args:
@@ -806,12 +825,15 @@ def generate_problems(n: int, seed: int, difficulty: int = DEFAULT_DIFFICULTY, s
             magnitudes (running values stay <= 60, 100, 500, 2000, 9999).
         style: ``"short"`` (one computation per step) or ``"long"`` (a reasoning trace of 20+ steps at
             difficulty 2; see :class:`Problem`).
+        voice: :data:`VOICES` index of the wording function (:func:`step_style`): ``0`` the target's (and the
+            evaluation's gold), ``1`` the draft's. The same seed gives the same questions, answers and step
+            meanings in every voice; only the words of the steps differ.
 
     Returns:
         list[:class:`Problem`] of length ``n``.
 
     Raises:
-        ValueError: ``n < 0``, unknown ``difficulty`` or ``style``.
+        ValueError: ``n < 0``, unknown ``difficulty``, ``style`` or ``voice``.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -819,8 +841,10 @@ def generate_problems(n: int, seed: int, difficulty: int = DEFAULT_DIFFICULTY, s
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    if voice not in range(len(VOICES)):
+        raise ValueError(f"voice must be an index of {VOICES}, got {voice!r}")
     rng = random.Random(seed)
-    return [_generate_one(rng, difficulty, style) for _ in range(n)]
+    return [_generate_one(rng, difficulty, style, voice) for _ in range(n)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -852,7 +876,7 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
     with or without units, swapped operands of ``+``/``x``), a few identical. The rest are hard negatives:
     the same or another wording with one digit changed in the result or in an operand, other operands
     (a number of the problem), another operation on the same operands, swapped operands of ``-``/``/``,
-    or a different step of the same problem. About 3% are answer lines (``"#### N"``: equal, another
+    or a different step of the same problem. About 6% are answer lines (``"#### N"``: equal, another
     number, or against a step). Which step is "A" is random. Labels come from
     :func:`steps_equivalent` (so they always agree with it).
 
@@ -876,9 +900,29 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
     while len(pairs) < n:
         d = difficulty if difficulty is not None else DIFFICULTIES[rng.randrange(len(DIFFICULTIES))]
         prob = _generate_one(rng, d, style)
-        j = rng.randrange(len(prob.steps))
-        pairs.append(_make_pair(rng, prob, j))
+        # half the pairs at a uniform position (computations and givens fill most of a trace), half at a
+        # uniform kind first: the one-per-problem kinds (plan, conclude, final, ...) get pairs too
+        kinds = sorted(set(prob.kinds))
+        kind = kinds[rng.randrange(len(kinds))] if rng.random() < 0.5 else None
+        at = [i for i, k in enumerate(prob.kinds) if kind is None or k == kind]
+        pairs.append(_make_pair(rng, prob, at[rng.randrange(len(at))]))
     return pairs
+
+
+def _other_event(rng: random.Random, prob: Problem, spec: StepSpec) -> str:
+    """Another given sentence of ``prob`` carrying ``spec``'s numbers ("She loses 9 pencils." for "She finds 9
+    more pencils."): a negative that only the words of the event tell apart; ``""`` when the problem has no
+    other given with as many numbers."""
+    nums = re.findall(r"\d+", spec.sentence)
+    others = sorted({sp.sentence for sp in prob.specs if sp.kind == "given" and sp.sentence != spec.sentence
+                     and len(re.findall(r"\d+", sp.sentence)) == len(nums)})
+    for _ in range(len(others)):
+        parts = re.split(r"(\d+)", others[rng.randrange(len(others))])
+        parts[1::2] = nums
+        text = "".join(parts)
+        if _norm_text(text) != _norm_text(spec.sentence):
+            return text
+    return ""
 
 
 def _style_at(prob: Problem, j: int) -> tuple[int, int]:
@@ -915,6 +959,8 @@ def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
             other = render(None, *_other_style(rng, spec, frame, order))
         elif u < 0.75 and spec.value is not None:  # the same kind stating another number
             other = maybe_reword(value=_change_digit(rng, spec.value))
+        elif u < 0.62 and spec.kind == "given" and (event := _other_event(rng, prob, spec)):
+            other = maybe_reword(sentence=event)  # the same numbers, another event
         elif u < 0.75 and spec.kind == "given":  # the same sentence with one number changed
             nums = re.findall(r"\d+", spec.sentence)
             if nums:
@@ -960,7 +1006,7 @@ def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
         other = maybe_reword(Computation(comp.op, (y, x), comp.result))
     else:
         other = another_step()
-    if rng.random() < 0.03:  # answer lines: the same, another answer, or a step against an answer line
+    if rng.random() < 0.06:  # answer lines: the same, another answer, or a step against an answer line
         gold = prob.answer_line
         v = rng.random()
         if v < 0.4:
