@@ -1126,10 +1126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draft-steps", type=int, default=100000)
     ap.add_argument("--draft-minutes", type=float, default=8.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=1,
-                    help="wording of the draft's training solutions: 0 the target's, 1 its own (synthetic.step_style)")
+    ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=0,
+                    help="wording of the draft's training solutions: 0 the target's, 1 its own (synthetic.step_style). "
+                         "With 1 the target, trained on voice 0 only, loses its way after accepted voice-1 steps "
+                         "(lr_bench 2026-12-02: lr+sd solved 115 of the 192 problems ar solves; RESULTS.md, issue 19)")
     ap.add_argument("--judge-steps", type=int, default=100000)
-    ap.add_argument("--judge-minutes", type=float, default=22.0)
+    ap.add_argument("--judge-minutes", type=float, default=18.0)
     ap.add_argument("--judge-lr", type=float, default=1.5e-3)
     ap.add_argument("--judge-neg-weight", type=float, default=10.0, help="loss weight of 'unaligned' verdicts")
     ap.add_argument("--judge-init", default="target",
