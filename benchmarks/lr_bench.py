@@ -1,8 +1,8 @@
 """Lookahead Reasoning benchmark on held-out synthetic problems (in-process, concurrency 1, greedy).
 
 Runs ``ar`` (the baseline), ``sd``, ``lr`` and ``lr+sd`` (sync and async, and sync with adaptive gamma) with the
-profile's judge, then ``lr+sd`` (sync) with every other verifier, ``sd`` and ``lr+sd`` with draft-model SD, and
-``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
+profile's judge, then ``lr+sd`` (sync) with every other verifier, ``sd`` and ``lr+sd`` with draft-model SD, ``sd``
+and ``lr+sd`` with Medusa SD (when the profile's target has Medusa heads), and ``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
 standard error), tokens/s, measured speedup vs ``ar``, step acceptance, the analytic estimate of the speed
 model (lookahead_reasoning.core.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
 and the same estimate with the independence form of E[steps] (the paper's) for comparison.
@@ -51,6 +51,8 @@ def main(argv=None) -> int:
                     help="extra lr+sd (sync) runs at these gammas (with the profile's judge); '' for none")
     ap.add_argument("--sd-draft-tokens", type=int, default=4,
                     help="tokens per proposal of the draft-model SD runs (0: skip them)")
+    ap.add_argument("--medusa-tokens", type=int, default=None,
+                    help="tokens per proposal of the Medusa SD runs (default: all the target's heads; 0: skip them)")
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature of every run (default: the profile's; 0.6 is how Qwen3 and R1 are run)")
     ap.add_argument("--seed", type=int, default=None, help="sampling seed of every request (with --temperature)")
@@ -77,6 +79,13 @@ def main(argv=None) -> int:
         runs += [(f"sd [draft model, k={dm.num_speculative_tokens}]", {"mode": "sd", "target_spec": dm}),
                  (f"lr+sd sync [{judge}, draft-model SD]", {"mode": "lr+sd", "target_spec": dm}),
                  (f"lr+sd sync [{judge}, draft-model SD] gamma=1", {"mode": "lr+sd", "target_spec": dm, "gamma": 1})]
+    medusa_k = args.medusa_tokens
+    if medusa_k is None:
+        medusa_k = reasoner.target.medusa.num_heads if getattr(reasoner.target, "medusa", None) is not None else 0
+    if medusa_k:
+        md = SpecDecodeConfig(method="medusa", num_speculative_tokens=medusa_k)
+        runs += [(f"sd [Medusa, k={medusa_k}]", {"mode": "sd", "target_spec": md}),
+                 (f"lr+sd sync [{judge}, Medusa SD]", {"mode": "lr+sd", "target_spec": md})]
     gammas = sorted({int(g) for g in args.sweep.split(",") if g.strip()} - {base.gamma})
     for g in gammas:
         runs.append((f"lr+sd sync [{judge}] gamma={g}", {"mode": "lr+sd", "gamma": g, "max_gamma": max(g, base.max_gamma)}))
@@ -108,6 +117,7 @@ def main(argv=None) -> int:
             "steps_per_cycle": r.totals.steps_per_cycle, "steps_per_answer": r.steps_per_answer,
             "tokens": r.tokens, "seconds": r.seconds, "judge_fallbacks": r.totals.fallbacks,
             "cycle": cycle_profile(r.totals, ar.totals, cost) if ar is not None else None,
+            **token_sd(r.totals.target),
             "solved_vs_ar": r.solved_changes(ar), "per_item": r.per_item_json(),
         })
     measurement = measurement_block(
@@ -127,6 +137,18 @@ def main(argv=None) -> int:
     if measurement.get("warning"):
         print(f"warning: {measurement['warning']}", file=sys.stderr)
     return 0
+
+
+def token_sd(t) -> dict:
+    """Token-level SD inside the target's calls (``t``: the run's target RoleCounters): tokens per decoding
+    forward of a row (the acceptance length, 1 + accepted proposals per forward) and the acceptance at each
+    proposal position (accepted / proposed there; position ``i`` needs ``0..i-1`` accepted)."""
+    if not t.proposed_tokens:
+        return {"sd_tokens_per_forward": None, "sd_acceptance_by_position": None}
+    return {"sd_tokens_per_forward": 1 + t.accepted_tokens / t.forward_passes,
+            "sd_acceptance_by_position": [a / n if n else None for a, n in
+                                          zip(t.accepted_by_position + [0] * len(t.proposed_by_position),
+                                              t.proposed_by_position)]}
 
 
 def cycle_profile(r, ar, cost) -> dict | None:
@@ -201,6 +223,14 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {r['run']} | {f(c['steps_per_cycle'])} | {f(c['draft'])} ({f(c['model_draft'])}) | "
                          f"{f(c['target'])} ({f(c['model_target'])}) | {f(c['judge'])} | {f(c['other'])} | "
                          f"{f(c['total'])} |")
+    sd = [r for r in doc["runs"] if r.get("sd_tokens_per_forward")]
+    if sd:
+        lines += ["", "Token-level SD inside the target's calls: tokens per decoding forward of a row (acceptance "
+                  "length) and acceptance at each proposal position:", "",
+                  "| run | tokens/forward | acceptance by position |", "|---|---|---|"]
+        for r in sd:
+            pos = " / ".join(f(a) for a in r["sd_acceptance_by_position"] if a is not None)
+            lines.append(f"| {r['run']} | {f(r['sd_tokens_per_forward'])} | {pos} |")
     return "\n".join(lines) + "\n"
 
 

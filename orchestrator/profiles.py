@@ -36,6 +36,8 @@ class ModelSpec(BaseModel):
     num_threads: int | None = Field(1, ge=1, description="torch threads of this engine")
     compile: bool = Field(False, description="portable runtime: torch.compile the model at start-up "
                                              "(PortableEngineConfig.compile)")
+    medusa: str | None = Field(None, description="portable runtime: folder of Medusa heads for this model (relative "
+                                                 "to the engines directory), enabling target_spec.method 'medusa'")
     max_batch_size: int = Field(64, ge=1)
     prefix_cache_mb: float = Field(256.0, gt=0)
     url: str | None = Field(None, description="server address for the openai/triton runtimes")
@@ -50,6 +52,12 @@ class ModelSpec(BaseModel):
         from .model_refs import resolve
 
         return resolve(self.path, base=ENGINES_DIR)
+
+    def resolved_medusa(self) -> Path | None:
+        """The Medusa heads folder (relative paths against the engines directory), or None."""
+        if self.medusa is None:
+            return None
+        return Path(self.medusa) if Path(self.medusa).is_absolute() else ENGINES_DIR / self.medusa
 
 
 class Profile(BaseModel):
@@ -94,7 +102,7 @@ PROFILES: dict[str, Profile] = {
         description="the embedded demo trio (engines/demo): synthetic arithmetic with long reasoning traces",
         # float32 pinned: the trio is overhead-bound (bf16 is slower), and dtype auto's start-up micro-benchmark
         # could pick differently in two processes on a loaded machine, so served and in-process answers differ
-        target=ModelSpec(path="demo/target", dtype="float32"),
+        target=ModelSpec(path="demo/target", dtype="float32", medusa="demo/target-medusa"),
         draft=ModelSpec(path="demo/draft", dtype="float32"),
         judge=ModelSpec(path="demo/judge", dtype="float32"),
         options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=800),

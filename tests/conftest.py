@@ -65,6 +65,41 @@ def build_tiny_model(out: Path, seed: int = 0, layers: int = 2, hidden: int = 64
     return out
 
 
+#: Prompts of the engine-equivalence tests: arithmetic steps, a partial step, one word.
+TEXTS = [
+    "Step 3: 12 + 5 = 17.\n\nThe total",
+    "The total is 42 apples.",
+    "Step",
+    "Step 1: 4 + 4 = 8.\n\nStep 2: 8 + 4 = 12.\n\nStep 3: 12 + 4 =",
+]
+
+
+def greedy_reference(model_dir, texts=TEXTS, new_tokens: int = 24) -> list[tuple[list[int], list[int]]]:
+    """``(prompt ids, new ids)`` per text: plain ``model.generate`` greedy continuations with no EOS stop, the
+    reference every engine path must reproduce token for token (fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    out = []
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False)
+        with torch.no_grad():
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                                 pad_token_id=tok.pad_token_id)
+        out.append((ids, gen[0, len(ids):].tolist()))
+    return out
+
+
+def cut_at_eos(engine, tokens: list[int]) -> list[int]:
+    """``tokens`` up to and including the engine's first EOS id (what the engine returns for them)."""
+    for i, t in enumerate(tokens):
+        if t in engine.eos_token_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"))

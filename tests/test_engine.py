@@ -16,16 +16,10 @@ from transformers import AutoModelForCausalLM
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
 
-from conftest import DEMO, build_tiny_model
+from conftest import DEMO, TEXTS, build_tiny_model, cut_at_eos, greedy_reference
 
 NGRAM = SpecDecodeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3)
 DRAFT = SpecDecodeConfig(method="draft_model", num_speculative_tokens=3)
-TEXTS = [
-    "Step 3: 12 + 5 = 17.\n\nThe total",
-    "The total is 42 apples.",
-    "Step",
-    "Step 1: 4 + 4 = 8.\n\nStep 2: 8 + 4 = 12.\n\nStep 3: 12 + 4 =",
-]
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny-llama", "demo"])
@@ -56,28 +50,11 @@ def engines(model_dirs):
 @pytest.fixture(scope="module")
 def reference(model_dirs):
     """Plain ``model.generate`` greedy continuations (no EOS stop), 24 new tokens each."""
-    model = AutoModelForCausalLM.from_pretrained(model_dirs[0]).eval()
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dirs[0])
-    out = []
-    for text in TEXTS:
-        ids = tok.encode(text)
-        gen = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                             pad_token_id=tok.pad_token_id)
-        out.append((ids, gen[0, len(ids):].tolist()))
-    return out
+    return greedy_reference(model_dirs[0])
 
 
 def _reqs(reference, spec=SpecDecodeConfig()):
     return [GenerationRequest(ids, 24, spec=spec) for ids, _ in reference]
-
-
-def _truncate_at_eos(engine, tokens):
-    for i, t in enumerate(tokens):
-        if t in engine.eos_token_ids:
-            return tokens[: i + 1]
-    return tokens
 
 
 @pytest.mark.parametrize("spec", [SpecDecodeConfig(), NGRAM, DRAFT], ids=["plain", "ngram", "draft_model"])
@@ -85,7 +62,7 @@ def test_batched_equals_reference(engines, reference, spec):
     target, _ = engines
     results = target.generate(_reqs(reference, spec))
     for (ids, ref), res in zip(reference, results):
-        assert res.token_ids == _truncate_at_eos(target, ref)
+        assert res.token_ids == cut_at_eos(target, ref)
         assert res.finish_reason in ("length", "eos")
 
 
@@ -122,7 +99,7 @@ def test_asyncio_callers_interleave(engines, reference):
         return await asyncio.gather(*(target.agenerate([r]) for r in _reqs(reference)))
 
     results = asyncio.run(main())
-    assert [r[0].token_ids for r in results] == [_truncate_at_eos(target, ref) for _, ref in reference]
+    assert [r[0].token_ids for r in results] == [cut_at_eos(target, ref) for _, ref in reference]
 
 
 def test_prefix_cache_serves_shared_branches(engines):
@@ -186,7 +163,7 @@ def test_bad_requests_raise_and_engine_keeps_serving(engines, reference, kwargs,
     with pytest.raises(ValueError, match=field):
         target.generate([GenerationRequest(**base)])
     good = target.generate([GenerationRequest(reference[0][0], 8)])[0]
-    assert good.token_ids == _truncate_at_eos(target, reference[0][1][:8])
+    assert good.token_ids == cut_at_eos(target, reference[0][1][:8])
 
 
 @pytest.mark.parametrize(
@@ -246,7 +223,7 @@ def test_static_cache_mode_equals_dynamic(model_dirs, reference):
     try:
         for spec in (SpecDecodeConfig(), NGRAM):
             res = eng.generate(_reqs(reference, spec))
-            assert [r.token_ids for r in res] == [_truncate_at_eos(eng, ref) for _, ref in reference]
+            assert [r.token_ids for r in res] == [cut_at_eos(eng, ref) for _, ref in reference]
         with pytest.raises(ValueError, match="cuda_graphs"):
             PortableEngine.from_pretrained(model_dirs[0], cuda_graphs=True, static_cache=True)
     finally:
@@ -266,7 +243,7 @@ def test_compiled_engine_equals_reference(model_dirs, reference):
         for ids, _ in reference:
             gen = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                                  pad_token_id=eng.tokenizer.pad_token_id)
-            want.append(_truncate_at_eos(eng, gen[0, len(ids):].tolist()))
+            want.append(cut_at_eos(eng, gen[0, len(ids):].tolist()))
         for spec in (SpecDecodeConfig(), NGRAM):
             assert [r.token_ids for r in eng.generate(_reqs(reference, spec))] == want
         assert [eng.generate([r])[0].token_ids for r in _reqs(reference)] == want
@@ -334,8 +311,8 @@ def test_start_cancels_some_requests_of_a_group(engines, reference):
 
     first, results = asyncio.run(main())
     assert results[0] is first
-    assert results[0].token_ids == _truncate_at_eos(target, reference[0][1])
-    assert results[1].token_ids == _truncate_at_eos(target, reference[1][1])
+    assert results[0].token_ids == cut_at_eos(target, reference[0][1])
+    assert results[1].token_ids == cut_at_eos(target, reference[1][1])
     for r in results[2:]:
         assert r.finish_reason in ("cancelled", "eos", "length")
         if r.finish_reason == "cancelled":
@@ -413,7 +390,7 @@ def test_start_requests_without_per_request_results_is_one_call(engines, referen
 
     calls, done, stopped = asyncio.run(main())
     assert calls == 1
-    assert [r.token_ids for r in done] == [_truncate_at_eos(target, ref) for _, ref in reference]
+    assert [r.token_ids for r in done] == [cut_at_eos(target, ref) for _, ref in reference]
     assert all(r.finish_reason == "cancelled" for r in stopped)
 
 

@@ -13,22 +13,14 @@ import threading
 
 import httpx
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
 from lookahead_reasoning.backends.openai_http import OpenAIEngine, OpenAIEngineConfig, completion_body
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.serving.engine_http import start_server
 
-from conftest import DEMO
+from conftest import DEMO, TEXTS, cut_at_eos, greedy_reference
 
-TEXTS = [
-    "Step 3: 12 + 5 = 17.\n\nThe total",
-    "The total is 42 apples.",
-    "Step",
-    "Step 1: 4 + 4 = 8.\n\nStep 2: 8 + 4 = 12.\n\nStep 3: 12 + 4 =",
-]
 MODELS = ["tiny", pytest.param("demo", marks=pytest.mark.skipif(not (DEMO / "target" / "config.json").exists(),
                                                                  reason="engines/demo/target not built yet"))]
 
@@ -49,24 +41,7 @@ def stack(request, tiny_model_dir):
 @pytest.fixture(scope="module")
 def reference(stack):
     """Plain ``model.generate`` greedy continuations (no EOS stop), 24 new tokens each."""
-    model_dir = stack[0]
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    out = []
-    for text in TEXTS:
-        ids = tok.encode(text, add_special_tokens=False)
-        with torch.no_grad():
-            gen = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                                 pad_token_id=tok.pad_token_id)
-        out.append((ids, gen[0, len(ids):].tolist()))
-    return out
-
-
-def _truncate_at_eos(engine, tokens):
-    for i, t in enumerate(tokens):
-        if t in engine.eos_token_ids:
-            return tokens[: i + 1]
-    return tokens
+    return greedy_reference(stack[0])
 
 
 def test_client_reads_limits_from_the_checkpoint(stack):
@@ -85,7 +60,7 @@ def test_greedy_equals_portable_and_transformers(stack, reference):
     via_http = client.generate(reqs)
     local = engine.generate(reqs)
     for (ids, ref), h, loc in zip(reference, via_http, local):
-        assert h.token_ids == loc.token_ids == _truncate_at_eos(engine, ref)
+        assert h.token_ids == loc.token_ids == cut_at_eos(engine, ref)
         assert h.finish_reason == loc.finish_reason
         assert h.text == loc.text
 
@@ -93,7 +68,7 @@ def test_greedy_equals_portable_and_transformers(stack, reference):
 def test_asyncio_and_threads_interleave(stack, reference):
     _, engine, _, client = stack
     reqs = [GenerationRequest(ids, 24) for ids, _ in reference]
-    want = [_truncate_at_eos(engine, ref) for _, ref in reference]
+    want = [cut_at_eos(engine, ref) for _, ref in reference]
 
     async def main():
         return await asyncio.gather(*(client.agenerate([r]) for r in reqs))
@@ -153,7 +128,7 @@ def test_bad_requests_raise_and_server_keeps_serving(stack, reference, kwargs, f
     with pytest.raises(ValueError, match=field):
         client.generate([GenerationRequest(**args)])
     good = client.generate([GenerationRequest(reference[0][0], 8)])[0]
-    assert good.token_ids == _truncate_at_eos(engine, reference[0][1][:8])
+    assert good.token_ids == cut_at_eos(engine, reference[0][1][:8])
 
 
 @pytest.mark.parametrize(
@@ -186,7 +161,7 @@ def test_server_rejects_bad_input_naming_the_field(stack, reference, body, field
     ok = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
         "model": client.model_name, "prompt": list(reference[0][0]), "max_tokens": 4, "temperature": 0})
     assert ok.status_code == 200
-    assert ok.json()["choices"][0]["token_ids"] == _truncate_at_eos(engine, reference[0][1][:4])
+    assert ok.json()["choices"][0]["token_ids"] == cut_at_eos(engine, reference[0][1][:4])
 
 
 def test_openai_python_client_and_text_prompts(stack, reference):
@@ -199,12 +174,12 @@ def test_openai_python_client_and_text_prompts(stack, reference):
                                  extra_body={"return_token_ids": True})
     choice = res.choices[0].model_dump()
     assert choice["prompt_token_ids"] == engine.encode(TEXTS[0])
-    assert choice["token_ids"] == _truncate_at_eos(engine, reference[0][1][:6])
+    assert choice["token_ids"] == cut_at_eos(engine, reference[0][1][:6])
     assert res.usage.completion_tokens == len(choice["token_ids"])
     batch = api.completions.create(model=client.model_name, prompt=[list(reference[1][0]), list(reference[2][0])],
                                    max_tokens=4, temperature=0)
     assert [c.model_dump()["token_ids"] for c in batch.choices] == [
-        _truncate_at_eos(engine, reference[k][1][:4]) for k in (1, 2)]
+        cut_at_eos(engine, reference[k][1][:4]) for k in (1, 2)]
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         api.completions.create(model=client.model_name, prompt="x", max_tokens=-1)
     assert httpx.get(f"{server.url}/health").status_code == 200
@@ -220,7 +195,7 @@ def test_make_engine_openai_runtime(stack, reference):
     eng = make_engine(ModelSpec(path=model_dir, runtime="openai", url=server.url + "/v1", server_flavor="lookahead"))
     try:
         res = eng.generate([GenerationRequest(reference[3][0], 24)])[0]
-        assert res.token_ids == _truncate_at_eos(engine, reference[3][1])
+        assert res.token_ids == cut_at_eos(engine, reference[3][1])
     finally:
         eng.close()
 

@@ -373,6 +373,15 @@ def test_metrics_after_three_requests(triton_server, items):
             sum(r["queue_seconds"] for r in records), abs=1e-6)
     target = [m["target"] for m in runs]
     assert sum(r["cached_tokens"] for r in target) > 0  # a cycle's branches share the context: cache hits
+    method = done.metrics["sd_method"]  # token-level SD inside the target's calls, by proposal position
+    assert method != "none" and streamed["sd_method"] == method
+    assert moved("lookahead_sd_forwards_total", method=method) == sum(r["forward_passes"] for r in target)
+    for key, name in (("proposed_by_position", "lookahead_sd_drafted_tokens_total"),
+                      ("accepted_by_position", "lookahead_sd_accepted_tokens_total")):
+        counts = [sum((r[key] + [0] * 64)[i] for r in target) for i in range(8)]
+        assert sum(counts) == sum(r[key.replace("by_position", "tokens")] for r in target)
+        for i, n in enumerate(counts):
+            assert moved(name, method=method, position=str(i)) == n, (name, i)
     assert all(r["queue_seconds"] > 0 for r in target)
 
 

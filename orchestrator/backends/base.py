@@ -47,7 +47,9 @@ class SpecDecodeConfig(BaseModel):
     ``ngram``: prompt lookup as vLLM's ``ngram`` method: match the last ``prompt_lookup_max`` ..
     ``prompt_lookup_min`` tokens against earlier context and propose the ``num_speculative_tokens``
     tokens that followed the most recent match. ``draft_model``: a second engine proposes
-    ``num_speculative_tokens`` tokens. Proposals are verified in one target forward; greedy output is
+    ``num_speculative_tokens`` tokens. ``medusa``: the engine's Medusa heads propose one token each from the
+    target's last hidden state, with no extra forward (:mod:`.medusa`; at most as many as the engine has
+    heads). Proposals are verified in one target forward; greedy output is
     identical to plain decoding and sampled output follows the target distribution (speculative
     rejection sampling, Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
 
@@ -61,7 +63,7 @@ class SpecDecodeConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: Literal["none", "ngram", "draft_model"] = "none"
+    method: Literal["none", "ngram", "draft_model", "medusa"] = "none"
     num_speculative_tokens: int = Field(0, ge=0, le=64)
     schedule: Literal["heuristic", "constant"] = "heuristic"
     prompt_lookup_max: int = Field(2, ge=1)
@@ -128,6 +130,9 @@ class GenerationCounters:
     ``drafted_tokens`` / ``accepted_tokens`` are token-level speculative decoding proposals and acceptances;
     ``forward_positions`` sums the new positions each decoding forward computed for this request (its row's
     padded width: 1 plus the most proposals of any row in that forward);
+    ``drafted_by_position`` / ``accepted_by_position`` split them by position in a forward's proposals (index 0:
+    the first proposed token), as vLLM's ``num_accepted_tokens_per_pos``: position ``i`` is accepted only if the
+    ones before it were, so ``accepted[i] / drafted[i]`` falls with ``i``;
     ``seconds`` is wall time from submission to completion, ``queue_seconds`` from submission to admission into
     the running batch (0 where a backend does not report it).
     """
@@ -140,10 +145,30 @@ class GenerationCounters:
     forward_positions: int = 0
     seconds: float = 0.0
     queue_seconds: float = 0.0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
 
     def add(self, other: "GenerationCounters") -> None:
+        """Add ``other``'s counts (per-position lists element by element)."""
         for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(self, name, add_by_position(mine, theirs) if isinstance(mine, list) else mine + theirs)
+
+    def count_proposals(self, drafted: int, accepted: int) -> None:
+        """Count one forward's ``drafted`` proposals of which the first ``accepted`` reached the output."""
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        if drafted:
+            self.drafted_by_position = add_by_position(self.drafted_by_position, [1] * drafted)
+        if accepted:
+            self.accepted_by_position = add_by_position(self.accepted_by_position, [1] * accepted)
+
+
+def add_by_position(a: list[int], b: list[int]) -> list[int]:
+    """Element-wise sum of two per-position count lists of any lengths."""
+    if len(a) < len(b):
+        a, b = b, a
+    return [x + (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
 
 
 @dataclass

@@ -46,6 +46,12 @@ def cpu_has_native_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def _dummy_ids(rows: int, length: int, vocab: int) -> torch.Tensor:
+    """``[rows, length]`` int64 token ids spread over the vocabulary, for forwards whose time or shapes matter
+    and whose tokens do not (the dtype micro-benchmark, the compile warm-up)."""
+    return (torch.arange(rows * length).reshape(rows, length) * 7919) % vocab
+
+
 def _decode_ms(model, rows: int, context: int = 64, steps: int = 6) -> float:
     """Median ms of one decoding forward of ``rows`` rows (one new token each) after a ``context``-token prefill
     (tokens are arbitrary ids: only the time is read)."""
@@ -53,7 +59,7 @@ def _decode_ms(model, rows: int, context: int = 64, steps: int = 6) -> float:
 
     vocab = model.config.vocab_size
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    ids = (torch.arange(rows * context).reshape(rows, context) * 7919 % vocab).to(model.device)
+    ids = _dummy_ids(rows, context, vocab).to(model.device)
     with torch.inference_mode():
         cache = DynamicCache()
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache})
@@ -149,6 +155,16 @@ class ModelRunner:
         # Dynamo still specialises sizes 0/1 (one row, one position), so a decoder takes a few graphs: rows 1 or
         # more x width 1 or more x mask or none (https://pytorch.org/docs/stable/torch.compiler.html).
         self._decode = torch.compile(self.model, dynamic=True) if config.compile else self.model
+        # Decoding forwards that also return the last hidden state (post final norm), for proposers that read the
+        # target's features (Medusa): the decoder stack, then the output head, as the causal-LM forward does.
+        self._decoder = decoder = self.model.get_decoder()
+        head = self.model.get_output_embeddings()
+
+        def logits_and_hidden(**kwargs):
+            h = decoder(**kwargs).last_hidden_state
+            return head(h), h
+
+        self._decode_hidden = torch.compile(logits_and_hidden, dynamic=True) if config.compile else logits_and_hidden
 
     def new_cache(self) -> BatchKVCache:
         """An empty dynamic cache (a group being admitted, a shared prefix being prefilled)."""
@@ -173,16 +189,19 @@ class ModelRunner:
         return self._running
 
     def forward(self, cache: BatchKVCache, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,
-                logits: bool) -> torch.Tensor | None:
+                logits: bool, hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
         """One forward over ``cache``'s rows.
 
         Args:
             ids, pos: ``[rows, width]`` int64 token ids and positions; ``real``: ``[rows, width]`` bool, False for
                 padding (invisible to attention, its KV slot becomes a hole).
             logits: return the ``[rows, width, vocab]`` logits (decoding); False: prefill, only the KV is kept.
+            hidden: also return the ``[rows, width, hidden_size]`` last hidden states (after the final norm, in the
+                model's dtype): ``(logits, hidden)`` with ``logits``, else ``hidden`` alone (a prefill computes no
+                logits then); such forwards run without CUDA graphs.
         """
         mask = cache.reserve(real.to(self.device))
-        if self.graphs is not None and cache is self._running and logits:
+        if self.graphs is not None and cache is self._running and logits and not hidden:
             out = self.graphs.run(ids.to(self.device), pos.to(self.device), mask)
             if out is not None:
                 return out
@@ -194,33 +213,39 @@ class ModelRunner:
             "use_cache": True,
         }
         if not logits:
+            if hidden:
+                return self._decoder(**kwargs).last_hidden_state
             kwargs["logits_to_keep"] = 1
             self.model(**kwargs)
             return None
+        if hidden:
+            return self._decode_hidden(**kwargs)
         return self._decode(**kwargs).logits
 
     @torch.inference_mode()
-    def warm_up(self, prompt_tokens: int = 64) -> float:
+    def warm_up(self, prompt_tokens: int = 64, hidden: bool = False) -> float:
         """Run the decoding forwards a scheduler issues (one row or several, one position or SD widths, with and
         without a mask) on a throw-away cache, so that a compiled model compiles its graphs now rather than
         during the first requests. Returns the seconds it took.
 
         Args:
             prompt_tokens: prefill length (token ids are arbitrary: only the shapes matter).
+            hidden: also the forwards that return hidden states (an engine with Medusa heads).
         """
         t0 = time.perf_counter()
         vocab = self.model.config.vocab_size
-        for rows, width in ((1, 1), (1, 3), (3, 1), (3, 4)):
+        for rows, width, want_hidden in ((r, w, h) for h in ((False, True) if hidden else (False,))
+                                         for r, w in ((1, 1), (1, 3), (3, 1), (3, 4))):
             cache = self.new_cache()
             cache.add_rows([None] * rows)
-            ids = (torch.arange(rows * prompt_tokens).reshape(rows, prompt_tokens) * 7919) % vocab
+            ids = _dummy_ids(rows, prompt_tokens, vocab)
             pos = torch.arange(prompt_tokens).expand(rows, -1)
             self.forward(cache, ids, pos, torch.ones_like(ids, dtype=torch.bool), logits=False)
             for step in range(3):  # step 1 leaves a hole in row 0: decoding with holes takes a mask
                 cols = torch.arange(width)
                 pos = (prompt_tokens + step * width + cols).repeat(rows, 1)  # contiguous, as the scheduler's
                 self.forward(cache, ids[:, :width].clone(), pos, torch.ones((rows, width), dtype=torch.bool),
-                             logits=True)
+                             logits=True, hidden=want_hidden)
                 cache.keep_new(cache.length - width, torch.tensor([width - (step == 1)] + [width] * (rows - 1)))
         seconds = time.perf_counter() - t0
         log.info("portable engine %s: compiled in %.1f s", self.config.model, seconds)

@@ -11,8 +11,8 @@ What it does per engine instance (one background scheduler thread):
   new prompts share an uncached prefix (the branches of a Lookahead Reasoning cycle) it is prefilled once
   first; the remaining suffixes are prefilled together in one forward. Finished sequences store their KV,
   so the next cycle's prefix is served from cache.
-- **Token-level speculative decoding** per request (n-gram prompt lookup or a draft-model engine),
-  verified inside the same batched forward (see :mod:`.spec_decode`).
+- **Token-level speculative decoding** per request (n-gram prompt lookup, a draft-model engine, or Medusa heads
+  on the target's last hidden state), verified inside the same batched forward (see :mod:`.spec_decode`).
 
 The engine is the scheduler: what enters the batch, what each forward holds, verification of the SD
 proposals, stop strings and completion. :class:`~.model_runner.ModelRunner` loads the model, picks its dtype
@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, RequestGroup,
                    validate_request)
 from .kv_cache import BatchKVCache, PrefixCache
+from .medusa import MedusaHeads, MedusaProposer
 from .model_runner import DtypeChoice, ModelRunner
 from .spec_decode import (DraftModelProposer, NgramProposer, ProposalRow, Proposer, greedy_accepted, make_warpers,
                           verify)
@@ -67,6 +68,9 @@ class PortableEngineConfig(BaseModel):
                                                  "(needs device cuda and static_cache)")
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     graph_widths: tuple[int, ...] = Field((1,), description="captured new-token counts per row (1 + SD tokens)")
+    medusa_heads: str | None = Field(None, description="folder of Medusa heads trained for this model "
+                                                       "(medusa_lm_head.safetensors + config.json, TensorRT-LLM's "
+                                                       "--medusa_model_dir layout): enables spec.method 'medusa'")
     compile: bool = Field(False, description="torch.compile the model (inductor, dynamic shapes) and compile its "
                                              "forwards at start-up: a forward of a small model loses most of its "
                                              "per-call Python overhead; start-up takes seconds to minutes longer")
@@ -113,6 +117,7 @@ class _Seq:
     spec_k: int = 0  # speculative slots this sequence uses next (SpecDecodeConfig.schedule)
     collect_probs: bool = False
     probs: list = field(default_factory=list)
+    hidden: torch.Tensor | None = None  # [hidden_size] at the last committed token (spec.method medusa)
 
     @property
     def generated(self) -> list[int]:
@@ -176,8 +181,16 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.prefix_cache = PrefixCache(self.config.block_size, int(self.config.prefix_cache_mb * (1 << 20)))
         self._cache = self.runner.running_cache(self._context)
+        self.medusa: MedusaHeads | None = None
+        if self.config.medusa_heads:
+            heads = MedusaHeads.from_pretrained(self.config.medusa_heads)
+            if (heads.hidden_size, heads.vocab_size) != (mc.hidden_size, self.runner.model.get_output_embeddings().out_features):
+                raise ValueError(f"medusa_heads: heads for hidden size {heads.hidden_size} and vocabulary "
+                                 f"{heads.vocab_size} do not fit this model ({mc.hidden_size}, {mc.vocab_size})")
+            self.medusa = heads.to(device=self.device, dtype=self.runner.dtype)
+            self._proposers["medusa"] = MedusaProposer(self.medusa)
         if self.config.compile:
-            self.runner.warm_up(min(self._context, 64))
+            self.runner.warm_up(min(self._context, 64), hidden=self.medusa is not None)
 
     @property
     def model(self):
@@ -205,6 +218,12 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         validate_request(req, self._vocab, self._context, multi_stop=True)
         if req.spec.method == "draft_model" and self.draft_engine is None:
             raise ValueError("spec.method: 'draft_model' needs an engine built with a draft_engine")
+        if req.spec.method == "medusa":
+            if self.medusa is None:
+                raise ValueError("spec.method: 'medusa' needs an engine built with medusa_heads")
+            if req.spec.num_speculative_tokens > self.medusa.num_heads:
+                raise ValueError(f"spec.num_speculative_tokens: {req.spec.num_speculative_tokens} is more than the "
+                                 f"engine's {self.medusa.num_heads} Medusa heads")
 
     def submit(self, requests: Sequence[GenerationRequest], collect_probs: bool = False) -> Future:
         """Queue ``requests``; the returned future resolves to their results in order.
@@ -355,8 +374,9 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         new.sort(key=lambda s: s.n_prompt)
         # KV is needed for tokens[:-1]; the last prompt token is fed by the first decoding step.
         prefixes = [tuple(s.tokens[:-1]) for s in new]
-        if use_cache and len(new) > 1:
-            self._prefill_shared(new, prefixes)
+        # Medusa rows propose at their first decoding step from the hidden state of their last prefilled token.
+        medusa = any(s.req.spec.method == "medusa" for s in new)
+        shared = self._prefill_shared(new, prefixes, medusa) if use_cache and len(new) > 1 else None
         matched: list[tuple[int, torch.Tensor | None]] = []
         for s, p in zip(new, prefixes):
             n, kv = self.prefix_cache.match(p, len(p)) if use_cache else (0, None)
@@ -375,7 +395,15 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                 pos[r] = torch.arange(n, n + width)
                 real[r, : len(suf)] = True
                 new[r].counters.prefill_tokens_computed += len(suf)
-            self._forward(group, ids, pos, real, logits=False)
+            hidden = self._forward(group, ids, pos, real, logits=False, hidden=medusa)
+            for r, suf in enumerate(suffixes):
+                if medusa and suf:
+                    new[r].hidden = hidden[r, len(suf) - 1].clone()
+        if shared is not None:  # rows served whole from the shared prefill: its hidden states cover their ends
+            start, hid = shared
+            for s, p, suf in zip(new, prefixes, suffixes):
+                if not suf and 0 <= len(p) - 1 - start < hid.shape[0]:
+                    s.hidden = hid[len(p) - 1 - start].clone()
         if use_cache:
             for r, (s, p) in enumerate(zip(new, prefixes)):
                 if len(p) - matched[r][0] >= self.config.block_size:
@@ -384,8 +412,10 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             s.counters.prefill_tokens_computed += 1  # the last prompt token, fed by the first step
         self._merge(group, new)
 
-    def _prefill_shared(self, new: list[_Seq], prefixes: list[tuple[int, ...]]) -> None:
-        """Prefill, once and in one row, what the new prompts share, if it is not cached yet.
+    def _prefill_shared(self, new: list[_Seq], prefixes: list[tuple[int, ...]],
+                        hidden: bool = False) -> tuple[int, torch.Tensor] | None:
+        """Prefill, once and in one row, what the new prompts share, if it is not cached yet. With ``hidden``,
+        returns ``(start, [len(shared) - start, hidden_size] hidden states)`` of the positions it computed.
 
         ``prefixes`` are sorted by length. When each is a prefix of the longest (the target's branches of a
         Lookahead Reasoning cycle: branch j is the context plus drafts 0..j-1) the longest is the shared part,
@@ -397,19 +427,20 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             lcp = tuple(os.path.commonprefix(prefixes))  # works on any sequences, not only strings
         bs = self.config.block_size
         if len(lcp) < bs:
-            return
+            return None
         n, kv = self.prefix_cache.match(lcp, len(lcp))
         if len(lcp) - n < bs:
-            return
+            return None
         tmp = self.runner.new_cache()
         tmp.add_rows([kv])
         suffix = list(lcp[n:])
         ids = torch.tensor([suffix], dtype=torch.long)
         pos = torch.arange(n, len(lcp))[None]
         real = torch.ones((1, len(suffix)), dtype=torch.bool)
-        self._forward(tmp, ids, pos, real, logits=False)
+        out = self._forward(tmp, ids, pos, real, logits=False, hidden=hidden)
         self.prefix_cache.insert(lcp, tmp.row_kv(0))
         new[-1].counters.prefill_tokens_computed += len(suffix)  # the longest prompt: the others reuse it
+        return (n, out[0]) if hidden else None
 
     def _merge(self, group: BatchKVCache, seqs: list[_Seq]) -> None:
         if not self._running and not self.config.static_cache:
@@ -420,10 +451,10 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self._running.extend(seqs)
 
     def _forward(self, cache: BatchKVCache, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor,
-                 logits: bool) -> torch.Tensor | None:
+                 logits: bool, hidden: bool = False):
         """:meth:`.ModelRunner.forward`, counted (and, with ``record_steps``, prefill forwards timed)."""
         t0 = time.perf_counter()
-        out = self.runner.forward(cache, ids, pos, real, logits)
+        out = self.runner.forward(cache, ids, pos, real, logits, hidden)
         self.stats.forward_passes += 1
         if self.record_steps and not logits:
             self.prefill_seconds.append((ids.shape[0], ids.shape[1], time.perf_counter() - t0))
@@ -450,7 +481,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             if spec.method == "draft_model" and not sampling.greedy:  # a seed per row, from the row's generator
                 seed = int(torch.randint(0, 2**31 - 1, (), generator=s.generator))
                 sampling = sampling.model_copy(update={"seed": seed})
-            groups.setdefault(spec.method, []).append((r, ProposalRow(s.tokens, room, spec, sampling)))
+            groups.setdefault(spec.method, []).append((r, ProposalRow(s.tokens, room, spec, sampling, s.hidden)))
         for method, rows in groups.items():
             for (r, _), prop in zip(rows, self._proposers[method].propose([row for _, row in rows])):
                 props[r] = (prop.tokens, prop.probs)
@@ -478,7 +509,11 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         real = cols[None] <= torch.tensor(n_props)[:, None]
         pos = torch.tensor([len(s.tokens) - 1 for s in seqs])[:, None] + cols[None]
         start_slot = self._cache.length
-        logits = self._forward(self._cache, ids, pos, real, logits=True)
+        medusa = [r for r, s in enumerate(seqs) if s.req.spec.method == "medusa"]
+        if medusa:  # the rows' next proposals read the hidden state at their last committed token
+            logits, hidden = self._forward(self._cache, ids, pos, real, logits=True, hidden=True)
+        else:
+            logits = self._forward(self._cache, ids, pos, real, logits=True)
         greedy = [r for r, s in enumerate(seqs) if s.req.sampling.greedy]
         best = logits.argmax(dim=-1).cpu() if greedy else None
         accepted = greedy_accepted(ids[:, 1:], real[:, 1:], best[:, :-1]).tolist() if greedy else [0] * b
@@ -499,7 +534,6 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                 s.probs.append(probs[-1:])
             s.counters.forward_passes += 1
             s.counters.forward_positions += width
-            s.counters.drafted_tokens += k
             if k and s.req.spec.schedule == "heuristic":  # transformers' num_assistant_tokens_schedule
                 full = s.req.spec.num_speculative_tokens
                 s.spec_k = min(full, s.spec_k + 2) if acc == k else max(1, s.spec_k - 1)
@@ -509,7 +543,9 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                     finished.append(s)
                     break
             # Only proposals that reach the output count as accepted (a stop, EOS or length cut drops the rest).
-            s.counters.accepted_tokens += min(acc, kept[r])
+            s.counters.count_proposals(k, min(acc, kept[r]))
+        for r in medusa:  # the last kept token was predicted at new slot kept - 1
+            seqs[r].hidden = hidden[r, kept[r] - 1].clone()
         self._cache.keep_new(start_slot, torch.tensor(kept))
         dt = time.perf_counter() - t0
         if self.record_steps:

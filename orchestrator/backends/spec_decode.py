@@ -33,13 +33,16 @@ from .base import GenerationRequest, SamplingParams, SpecDecodeConfig
 @dataclass
 class ProposalRow:
     """One sequence asking for proposals: its tokens so far (prompt + generated), at most ``k`` proposals (> 0),
-    its speculative-decoding settings, and the sampling a model proposer draws with (seeded per row by the
-    caller, so proposals do not depend on other rows)."""
+    its speculative-decoding settings, the sampling a model proposer draws with (seeded per row by the
+    caller, so proposals do not depend on other rows), and for a proposer that reads the target's features
+    (Medusa) the ``[hidden]`` last hidden state at the row's last committed token, in the target's dtype (None
+    before the row's first decoding forward)."""
 
     tokens: list[int]
     k: int
     spec: SpecDecodeConfig
     sampling: SamplingParams
+    hidden: torch.Tensor | None = None
 
 
 @dataclass

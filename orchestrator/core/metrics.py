@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from ..backends.base import add_by_position
+
 
 def iid_steps_per_cycle(alpha: float, gamma: float) -> float:
     """``sum_{i=0..gamma} alpha^i``: equation (2) under independent acceptance (paper section 3).
@@ -76,7 +78,8 @@ class RoleCounters:
         forward_passes: decoding forwards summed over rows; ``forward_positions``: the positions per row those
             forwards computed (padded widths, :class:`~..backends.base.GenerationCounters`).
         proposed_tokens, accepted_tokens: token-level SD proposals inside the calls, and those that reached the
-            output.
+            output; ``proposed_by_position`` / ``accepted_by_position`` the same by position in a forward's
+            proposals (0: first), so ``accepted[i] / proposed[i]`` is the acceptance at position ``i``.
         prefill_tokens, prefill_calls: prompt tokens computed rather than served from the prefix cache, in that
             many calls (the last prompt token, fed by the first decoding forward, is not counted).
         lookup_tokens, cached_tokens: prompt tokens looked up in the engine's prefix cache, and those served
@@ -96,6 +99,8 @@ class RoleCounters:
     forward_positions: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
+    proposed_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
     prefill_tokens: int = 0
     prefill_calls: int = 0
     lookup_tokens: int = 0
@@ -119,13 +124,16 @@ class RoleCounters:
             self.forward_positions += c.forward_positions
             self.proposed_tokens += c.drafted_tokens
             self.accepted_tokens += c.accepted_tokens
+            self.proposed_by_position = add_by_position(self.proposed_by_position, c.drafted_by_position)
+            self.accepted_by_position = add_by_position(self.accepted_by_position, c.accepted_by_position)
             self.lookup_tokens += c.prefill_tokens_computed + c.prefill_tokens_cached
             self.cached_tokens += c.prefill_tokens_cached
 
     def merge(self, other: "RoleCounters") -> None:
-        """Add ``other``'s counts and times."""
+        """Add ``other``'s counts and times (per-position lists element by element)."""
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, add_by_position(mine, theirs) if isinstance(mine, list) else mine + theirs)
 
     def width(self) -> float:
         """Mean positions per row per decoding forward: the padded width the engine reports, else 1 plus the SD

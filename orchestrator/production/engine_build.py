@@ -179,6 +179,31 @@ def _plan_llmapi(spec: EngineSpec, checkpoint: str, out: Path, eval_problems: in
     return steps
 
 
+def check_medusa_checkpoint(d) -> None:
+    """Where ``d.checkpoint`` (a :class:`~.engine_specs.MedusaDrafting`'s) is a local folder, check it is what
+    ``quantize.py --medusa_model_dir`` reads (``tensorrt_llm/models/medusa/weight.py::load_medusa_hf``:
+    ``medusa_lm_head.pt`` or ``.safetensors``; FasterDecoding's ``config.json``) with at least ``num_heads`` heads
+    of ``num_layers`` blocks. A path that is not here (a production host's) is left to the build.
+
+    Raises:
+        ValueError: naming ``drafting.checkpoint``, ``drafting.num_heads`` or ``drafting.num_layers``.
+    """
+    folder = Path(d.checkpoint)
+    if not folder.is_dir():
+        return
+    if not any((folder / f).is_file() for f in ("medusa_lm_head.pt", "medusa_lm_head.safetensors")):
+        raise ValueError(f"drafting.checkpoint: {folder} holds no medusa_lm_head.pt or medusa_lm_head.safetensors")
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+        heads, layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"drafting.checkpoint: {folder}/config.json does not give medusa_num_heads ({exc})") from None
+    if d.num_heads > heads:
+        raise ValueError(f"drafting.num_heads: {d.num_heads} is more than the checkpoint's {heads} heads")
+    if d.num_layers != layers:
+        raise ValueError(f"drafting.num_layers: {d.num_layers}, but the checkpoint's heads have {layers} blocks")
+
+
 def _plan_trt_engine(spec: EngineSpec, checkpoint: str, out: Path) -> list[Step]:
     p, lim, d = spec.precision, spec.limits, spec.drafting
     examples = os.environ.get(TRTLLM_EXAMPLES_ENV, "/app/tensorrt_llm/examples")
@@ -193,8 +218,9 @@ def _plan_trt_engine(spec: EngineSpec, checkpoint: str, out: Path) -> list[Step]
     if p.calibration.dataset != "synthetic":
         argv += ["--calib_dataset", p.calibration.dataset]
     if d.method == "medusa":
+        check_medusa_checkpoint(d)  # type: ignore[arg-type]
         argv += ["--medusa_model_dir", d.checkpoint, "--num_medusa_heads", str(d.num_heads),  # type: ignore[union-attr]
-                 "--max_draft_len", str(d.max_draft_len)]
+                 "--num_medusa_layers", str(d.num_layers), "--max_draft_len", str(d.max_draft_len)]  # type: ignore[union-attr]
         if p.weights == "fp8":
             argv.append("--quant_medusa_head")
     steps: list[Step] = [Command(tuple(argv), "legacy checkpoint conversion / quantization (examples/quantization/"

@@ -184,6 +184,7 @@ class MedusaDrafting(_Strict):
     max_draft_len: int = Field(63, ge=1, le=256, description="tree size (trtllm-build --max_draft_len)")
     checkpoint: str = Field(..., min_length=1, description="Medusa heads folder")
     num_heads: int = Field(4, ge=1, le=16)
+    num_layers: int = Field(1, ge=1, le=8, description="residual blocks per head (--num_medusa_layers)")
     choices: list[list[int]] | None = Field(None, description="Medusa tree (runtime medusa_choices)")
 
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import product
-from typing import Literal
+from typing import Literal, get_args
 
+from ..backends.base import SpecDecodeConfig
 from ..core.lookahead import MODES
 
 SOURCES = ("draft", "target")
@@ -41,6 +42,10 @@ ROLES = ("target", "draft")
 ERROR_REASONS = ("bad_request", "busy", "timeout", "internal")
 #: Modes whose cycles draft steps (series by depth exist for these).
 SPECULATIVE_MODES = tuple(m for m in MODES if m.startswith("lr"))
+#: Token-level SD methods inside the target's calls, and the proposal positions created at start-up (a
+#: position past these gets its series when first counted).
+SD_METHODS = tuple(m for m in get_args(SpecDecodeConfig.model_fields["method"].annotation) if m != "none")
+SD_POSITIONS = 8
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _E2E = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
@@ -82,6 +87,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            "counter", ("role",)),
     Family("lookahead_prefix_cache_hits_total", "prompt tokens served from the role's prefix cache", "counter",
            ("role",)),
+    Family("lookahead_sd_forwards_total", "the target's decoding forwards (one per row) in requests with "
+           "token-level SD, by method; acceptance length = 1 + accepted tokens / forwards", "counter", ("method",)),
+    Family("lookahead_sd_drafted_tokens_total", "token-level SD proposals in the target's calls, by method and "
+           "position in the forward's proposals (0: first)", "counter", ("method", "position")),
+    Family("lookahead_sd_accepted_tokens_total", "token-level SD proposals that reached the output, by method and "
+           "position (position i is accepted only if 0..i-1 were)", "counter", ("method", "position")),
     Family("lookahead_queue_time_seconds", "per request, time its calls of the role waited to enter the role "
            "engine's running batch", "histogram", ("role",), _STEP),
     Family("lookahead_time_to_first_token_seconds", "arrival to the first response with text", "histogram",
@@ -99,7 +110,8 @@ def label_sets(family: Family, max_depth: int) -> list[dict[str, str]]:
     (depths for the speculative modes only)."""
     if family.labels == ("mode", "depth"):
         return [{"mode": m, "depth": str(d)} for m, d in product(SPECULATIVE_MODES, range(max_depth))]
-    values = {"mode": MODES, "source": SOURCES, "role": ROLES, "reason": ERROR_REASONS}
+    values = {"mode": MODES, "source": SOURCES, "role": ROLES, "reason": ERROR_REASONS, "method": SD_METHODS,
+              "position": tuple(str(i) for i in range(SD_POSITIONS))}
     return [dict(zip(family.labels, combo)) for combo in product(*(values[k] for k in family.labels))]
 
 
@@ -154,6 +166,13 @@ class ServerMetrics:
             self.add("lookahead_accepted_steps_total", n, mode=mode, depth=str(depth))
         self.add("lookahead_judge_fallbacks_total", m.fallbacks, mode=mode)
         self.add("lookahead_draft_failures_total", m.draft_failures, mode=mode)
+        if m.sd_method != "none":
+            t = m.target
+            self.add("lookahead_sd_forwards_total", t.forward_passes, method=m.sd_method)
+            for pos, n in enumerate(t.proposed_by_position):
+                self.add("lookahead_sd_drafted_tokens_total", n, method=m.sd_method, position=str(pos))
+            for pos, n in enumerate(t.accepted_by_position):
+                self.add("lookahead_sd_accepted_tokens_total", n, method=m.sd_method, position=str(pos))
         for role in ROLES:
             counts = getattr(m, role)
             self.add("lookahead_prefill_tokens_total", counts.prefill_tokens, role=role)
