@@ -229,7 +229,7 @@ def markdown(doc: dict) -> str:
                   "length) and acceptance at each proposal position:", "",
                   "| run | tokens/forward | acceptance by position |", "|---|---|---|"]
         for r in sd:
-            pos = " / ".join(f(a) for a in r["sd_acceptance_by_position"] if a is not None)
+            pos = " / ".join(f(a) for a in r["sd_acceptance_by_position"])
             lines.append(f"| {r['run']} | {f(r['sd_tokens_per_forward'])} | {pos} |")
     return "\n".join(lines) + "\n"
 

@@ -64,7 +64,20 @@ def test_medusa_greedy_equals_plain_decoding(setup):
     drafted = sum(r.counters.drafted_tokens for r in batched)
     accepted = sum(r.counters.accepted_tokens for r in batched)
     assert drafted > 0 and 0 < accepted < drafted  # the heads were used, right and wrong
-    assert all(r.counters.forward_passes < len(r.token_ids) for r in batched if r.counters.accepted_tokens > 2)
+
+
+def test_a_fully_cached_prompt_still_proposes_from_its_first_step(setup):
+    """A prompt the prefix cache holds whole still gets its last position computed, so its first decoding step
+    has a hidden state to propose from: the same request run again drafts exactly as it did the first time."""
+    _, eng, _, ref = setup
+    req = GenerationRequest(ref[3][0], 24, spec=MEDUSA)
+    eng.reset_prefix_cache()
+    first = eng.generate([req])[0]
+    again = eng.generate([req])[0]  # its prompt (and more) is now in the prefix cache
+    assert again.counters.prefill_tokens_cached > 0
+    assert again.token_ids == first.token_ids
+    assert again.counters.drafted_by_position == first.counters.drafted_by_position
+    assert again.counters.forward_passes == first.counters.forward_passes
 
 
 def test_medusa_and_plain_rows_share_a_batch(setup):
@@ -130,16 +143,24 @@ def test_medusa_sampling_keeps_the_target_distribution():
     assert chisquare(obs_b, exp_b).pvalue > 1e-3
 
 
-def test_heads_are_saved_in_tensorrt_llm_layout(tiny_model_dir, tmp_path):
-    folder = random_heads(str(tiny_model_dir), tmp_path / "heads", num_heads=2)
+def test_heads_are_saved_in_tensorrt_llm_layout(tmp_path):
+    torch.manual_seed(0)
+    heads = MedusaHeads(16, 40, 2)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_()
+    folder = heads.save_pretrained(tmp_path / "heads")
     cfg = json.loads((folder / "config.json").read_text())
     assert (cfg["medusa_num_heads"], cfg["medusa_num_layers"]) == (2, 1)
     keys = set(load_file(str(folder / WEIGHTS)))
     # tensorrt_llm/models/medusa/weight.py::load_medusa_hf reads exactly these names
     assert keys == {f"{h}.0.linear.{x}" for h in range(2) for x in ("weight", "bias")} | {f"{h}.1.weight" for h in range(2)}
     again = MedusaHeads.from_pretrained(folder)
-    x = torch.randn(5, again.hidden_size)
-    assert torch.equal(again(x), MedusaHeads.from_pretrained(folder)(x))
+    x = torch.randn(5, 16)
+    assert torch.equal(again(x), heads(x))
+    (folder / "config.json").write_text(json.dumps({**cfg, "medusa_num_layers": 2}))
+    with pytest.raises(ValueError, match="medusa"):
+        MedusaHeads.from_pretrained(folder)
 
 
 def test_medusa_settings_are_refused_by_name(tiny_model_dir, tmp_path):

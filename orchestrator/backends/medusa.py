@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -107,7 +108,7 @@ class MedusaHeads(nn.Module):
         try:
             config = json.loads((folder / "config.json").read_text())
             weights = load_file(str(folder / WEIGHTS))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, json.JSONDecodeError, SafetensorError) as exc:
             raise ValueError(f"medusa: cannot read Medusa heads in {folder}: {exc}") from None
         try:
             n, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
@@ -115,7 +116,10 @@ class MedusaHeads(nn.Module):
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"medusa: {folder} is not a Medusa checkpoint (missing {exc})") from None
         heads = cls(hidden, vocab, n, layers)
-        missing, unexpected = heads.load_state_dict({f"heads.{k}": v for k, v in weights.items()}, strict=False)
+        try:
+            missing, unexpected = heads.load_state_dict({f"heads.{k}": v for k, v in weights.items()}, strict=False)
+        except RuntimeError as exc:  # a tensor of the wrong shape
+            raise ValueError(f"medusa: {folder}/{WEIGHTS} does not match its config.json ({exc})") from None
         if missing or unexpected:
             raise ValueError(f"medusa: {folder}/{WEIGHTS} does not match its config.json "
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
@@ -124,8 +128,8 @@ class MedusaHeads(nn.Module):
 
 class MedusaProposer:
     """``method: medusa``: each row's proposals are the heads' argmaxes on the hidden state the target's last
-    forward produced at the row's last committed token (``ProposalRow.hidden``); a row without one (its first
-    decoding step) gets none. All rows' heads run in one batched call."""
+    forward produced at the row's last committed token (``ProposalRow.hidden``: from its prefill for its first
+    decoding step, then from each verification forward). All rows' heads run in one batched call."""
 
     method = "medusa"
 

@@ -155,14 +155,15 @@ class ModelRunner:
         # Dynamo still specialises sizes 0/1 (one row, one position), so a decoder takes a few graphs: rows 1 or
         # more x width 1 or more x mask or none (https://pytorch.org/docs/stable/torch.compiler.html).
         self._decode = torch.compile(self.model, dynamic=True) if config.compile else self.model
-        # Decoding forwards that also return the last hidden state (post final norm), for proposers that read the
-        # target's features (Medusa): the decoder stack, then the output head, as the causal-LM forward does.
-        self._decoder = decoder = self.model.get_decoder()
-        head = self.model.get_output_embeddings()
+        # Forwards that also return the last hidden state, for proposers that read the target's features (Medusa):
+        # the model's own forward with output_hidden_states, whose last entry is the final norm's output
+        # (transformers' capture_outputs, tie_last_hidden_states), so logits keep any model-specific scaling or
+        # softcapping. A function of its own, so that compiled it has its own graphs (dynamo's recompile limit).
+        model_ = self.model
 
         def logits_and_hidden(**kwargs):
-            h = decoder(**kwargs).last_hidden_state
-            return head(h), h
+            out = model_(**kwargs, output_hidden_states=True)
+            return out.logits, out.hidden_states[-1]
 
         self._decode_hidden = torch.compile(logits_and_hidden, dynamic=True) if config.compile else logits_and_hidden
 
@@ -213,9 +214,9 @@ class ModelRunner:
             "use_cache": True,
         }
         if not logits:
-            if hidden:
-                return self._decoder(**kwargs).last_hidden_state
             kwargs["logits_to_keep"] = 1
+            if hidden:
+                return self.model(**kwargs, output_hidden_states=True).hidden_states[-1]
             self.model(**kwargs)
             return None
         if hidden:

@@ -184,9 +184,10 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self.medusa: MedusaHeads | None = None
         if self.config.medusa_heads:
             heads = MedusaHeads.from_pretrained(self.config.medusa_heads)
-            if (heads.hidden_size, heads.vocab_size) != (mc.hidden_size, self.runner.model.get_output_embeddings().out_features):
+            fits = (mc.hidden_size, self.runner.model.get_output_embeddings().out_features)
+            if (heads.hidden_size, heads.vocab_size) != fits:
                 raise ValueError(f"medusa_heads: heads for hidden size {heads.hidden_size} and vocabulary "
-                                 f"{heads.vocab_size} do not fit this model ({mc.hidden_size}, {mc.vocab_size})")
+                                 f"{heads.vocab_size} do not fit this model (hidden size {fits[0]}, vocabulary {fits[1]})")
             self.medusa = heads.to(device=self.device, dtype=self.runner.dtype)
             self._proposers["medusa"] = MedusaProposer(self.medusa)
         if self.config.compile:
@@ -374,12 +375,14 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         new.sort(key=lambda s: s.n_prompt)
         # KV is needed for tokens[:-1]; the last prompt token is fed by the first decoding step.
         prefixes = [tuple(s.tokens[:-1]) for s in new]
-        # Medusa rows propose at their first decoding step from the hidden state of their last prefilled token.
-        medusa = any(s.req.spec.method == "medusa" for s in new)
-        shared = self._prefill_shared(new, prefixes, medusa) if use_cache and len(new) > 1 else None
+        if use_cache and len(new) > 1:
+            self._prefill_shared(new, prefixes)
+        # Medusa rows propose at their first decoding step from the hidden state of their last prefilled token, so
+        # that token is always computed, never served whole from the prefix cache.
+        medusa = [s.req.spec.method == "medusa" for s in new]
         matched: list[tuple[int, torch.Tensor | None]] = []
-        for s, p in zip(new, prefixes):
-            n, kv = self.prefix_cache.match(p, len(p)) if use_cache else (0, None)
+        for s, p, m in zip(new, prefixes, medusa):
+            n, kv = self.prefix_cache.match(p, max(0, len(p) - m)) if use_cache else (0, None)
             matched.append((n, kv))
             s.counters.prefill_tokens_cached += n
         group = self.runner.new_cache()
@@ -395,15 +398,10 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                 pos[r] = torch.arange(n, n + width)
                 real[r, : len(suf)] = True
                 new[r].counters.prefill_tokens_computed += len(suf)
-            hidden = self._forward(group, ids, pos, real, logits=False, hidden=medusa)
+            hidden = self._forward(group, ids, pos, real, logits=False, hidden=any(medusa))
             for r, suf in enumerate(suffixes):
-                if medusa and suf:
+                if medusa[r] and suf:  # column len(suf) - 1 is position len(prefix) - 1, i.e. tokens[-2]
                     new[r].hidden = hidden[r, len(suf) - 1].clone()
-        if shared is not None:  # rows served whole from the shared prefill: its hidden states cover their ends
-            start, hid = shared
-            for s, p, suf in zip(new, prefixes, suffixes):
-                if not suf and 0 <= len(p) - 1 - start < hid.shape[0]:
-                    s.hidden = hid[len(p) - 1 - start].clone()
         if use_cache:
             for r, (s, p) in enumerate(zip(new, prefixes)):
                 if len(p) - matched[r][0] >= self.config.block_size:
@@ -412,10 +410,8 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             s.counters.prefill_tokens_computed += 1  # the last prompt token, fed by the first step
         self._merge(group, new)
 
-    def _prefill_shared(self, new: list[_Seq], prefixes: list[tuple[int, ...]],
-                        hidden: bool = False) -> tuple[int, torch.Tensor] | None:
-        """Prefill, once and in one row, what the new prompts share, if it is not cached yet. With ``hidden``,
-        returns ``(start, [len(shared) - start, hidden_size] hidden states)`` of the positions it computed.
+    def _prefill_shared(self, new: list[_Seq], prefixes: list[tuple[int, ...]]) -> None:
+        """Prefill, once and in one row, what the new prompts share, if it is not cached yet.
 
         ``prefixes`` are sorted by length. When each is a prefix of the longest (the target's branches of a
         Lookahead Reasoning cycle: branch j is the context plus drafts 0..j-1) the longest is the shared part,
@@ -427,20 +423,19 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             lcp = tuple(os.path.commonprefix(prefixes))  # works on any sequences, not only strings
         bs = self.config.block_size
         if len(lcp) < bs:
-            return None
+            return
         n, kv = self.prefix_cache.match(lcp, len(lcp))
         if len(lcp) - n < bs:
-            return None
+            return
         tmp = self.runner.new_cache()
         tmp.add_rows([kv])
         suffix = list(lcp[n:])
         ids = torch.tensor([suffix], dtype=torch.long)
         pos = torch.arange(n, len(lcp))[None]
         real = torch.ones((1, len(suffix)), dtype=torch.bool)
-        out = self._forward(tmp, ids, pos, real, logits=False, hidden=hidden)
+        self._forward(tmp, ids, pos, real, logits=False)
         self.prefix_cache.insert(lcp, tmp.row_kv(0))
         new[-1].counters.prefill_tokens_computed += len(suffix)  # the longest prompt: the others reuse it
-        return (n, out[0]) if hidden else None
 
     def _merge(self, group: BatchKVCache, seqs: list[_Seq]) -> None:
         if not self._running and not self.config.static_cache:

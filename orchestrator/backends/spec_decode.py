@@ -35,8 +35,8 @@ class ProposalRow:
     """One sequence asking for proposals: its tokens so far (prompt + generated), at most ``k`` proposals (> 0),
     its speculative-decoding settings, the sampling a model proposer draws with (seeded per row by the
     caller, so proposals do not depend on other rows), and for a proposer that reads the target's features
-    (Medusa) the ``[hidden]`` last hidden state at the row's last committed token, in the target's dtype (None
-    before the row's first decoding forward)."""
+    (Medusa) the ``[hidden]`` last hidden state at the row's last committed token, in the target's dtype (from the
+    row's prefill, then from each verification forward)."""
 
     tokens: list[int]
     k: int
