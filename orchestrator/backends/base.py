@@ -151,8 +151,7 @@ class GenerationCounters:
     def add(self, other: "GenerationCounters") -> None:
         """Add ``other``'s counts (per-position lists element by element)."""
         for name in self.__dataclass_fields__:
-            mine, theirs = getattr(self, name), getattr(other, name)
-            setattr(self, name, add_by_position(mine, theirs) if isinstance(mine, list) else mine + theirs)
+            setattr(self, name, add_counts(getattr(self, name), getattr(other, name)))
 
     def count_proposals(self, drafted: int, accepted: int) -> None:
         """Count one forward's ``drafted`` proposals of which the first ``accepted`` reached the output."""
@@ -169,6 +168,11 @@ def add_by_position(a: list[int], b: list[int]) -> list[int]:
     if len(a) < len(b):
         a, b = b, a
     return [x + (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
+
+
+def add_counts(a, b):
+    """``a + b`` for counts and times; element-wise (:func:`add_by_position`) for per-position lists."""
+    return add_by_position(a, b) if isinstance(a, list) else a + b
 
 
 @dataclass

@@ -78,9 +78,9 @@ class MedusaHeads(nn.Module):
                 for h in self.heads:
                     h[-1].weight.copy_(lm_head)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[..., hidden]`` -> ``[num_heads, ..., vocab]`` logits (head ``i`` first)."""
-        return torch.stack([h(hidden) for h in self.heads])
+    def forward(self, hidden: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        """``[..., hidden]`` -> ``[k, ..., vocab]`` logits of the first ``k`` heads (default all; head ``i`` first)."""
+        return torch.stack([h(hidden) for h in self.heads[:k]])
 
     def state_dict_trtllm(self) -> dict[str, torch.Tensor]:
         """The weights under TensorRT-LLM's / FasterDecoding's key names (see the module docstring)."""
@@ -144,7 +144,7 @@ class MedusaProposer:
             return out
         k = max(rows[i].k for i in have)
         hidden = torch.stack([rows[i].hidden for i in have])
-        best = torch.stack([h(hidden) for h in self.heads.heads[:k]], dim=1).argmax(-1).tolist()  # [n, k]
+        best = self.heads(hidden, k).argmax(-1).T.tolist()  # [n, k]
         for j, i in enumerate(have):
             out[i] = Proposal(best[j][: rows[i].k])
         return out

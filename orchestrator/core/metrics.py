@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from ..backends.base import add_by_position
+from ..backends.base import add_by_position, add_counts
 
 
 def iid_steps_per_cycle(alpha: float, gamma: float) -> float:
@@ -132,8 +132,7 @@ class RoleCounters:
     def merge(self, other: "RoleCounters") -> None:
         """Add ``other``'s counts and times (per-position lists element by element)."""
         for f in fields(self):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            setattr(self, f.name, add_by_position(mine, theirs) if isinstance(mine, list) else mine + theirs)
+            setattr(self, f.name, add_counts(getattr(self, f.name), getattr(other, f.name)))
 
     def width(self) -> float:
         """Mean positions per row per decoding forward: the padded width the engine reports, else 1 plus the SD
@@ -255,15 +254,11 @@ class RequestMetrics:
             a, b = getattr(self, f.name), getattr(other, f.name)
             if isinstance(a, RoleCounters):
                 a.merge(b)
-            elif isinstance(a, list):
-                a.extend([0] * (len(b) - len(a)))
-                for i, x in enumerate(b):
-                    a[i] += x
             elif isinstance(a, str):
                 if a == f.default:
                     setattr(self, f.name, b)
             else:
-                setattr(self, f.name, a + b)
+                setattr(self, f.name, add_counts(a, b))
 
     @classmethod
     def from_dict(cls, data: dict) -> "RequestMetrics":
