@@ -2,7 +2,7 @@
 
 Runs ``ar`` (the baseline), ``sd``, ``lr`` and ``lr+sd`` (sync and async, and sync with adaptive gamma) with the
 profile's judge, then ``lr+sd`` (sync) with every other verifier, ``sd`` and ``lr+sd`` with draft-model SD, ``sd``
-and ``lr+sd`` with Medusa SD (when the profile's target has Medusa heads), and ``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
+and ``lr+sd`` with Medusa SD and with EAGLE-3 SD (when the profile's target has Medusa heads / an EAGLE-3 head), and ``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
 standard error), tokens/s, measured speedup vs ``ar``, step acceptance, the analytic estimate of the speed
 model (lookahead_reasoning.core.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
 and the same estimate with the independence form of E[steps] (the paper's) for comparison.
@@ -53,6 +53,8 @@ def main(argv=None) -> int:
                     help="tokens per proposal of the draft-model SD runs (0: skip them)")
     ap.add_argument("--medusa-tokens", type=int, default=None,
                     help="tokens per proposal of the Medusa SD runs (default: all the target's heads; 0: skip them)")
+    ap.add_argument("--eagle-tokens", type=int, default=4,
+                    help="tokens per proposal of the EAGLE-3 SD runs (when the target has an EAGLE-3 head; 0: skip them)")
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature of every run (default: the profile's; 0.6 is how Qwen3 and R1 are run)")
     ap.add_argument("--seed", type=int, default=None, help="sampling seed of every request (with --temperature)")
@@ -86,6 +88,10 @@ def main(argv=None) -> int:
         md = SpecDecodeConfig(method="medusa", num_speculative_tokens=medusa_k)
         runs += [(f"sd [Medusa, k={medusa_k}]", {"mode": "sd", "target_spec": md}),
                  (f"lr+sd sync [{judge}, Medusa SD]", {"mode": "lr+sd", "target_spec": md})]
+    if args.eagle_tokens and getattr(reasoner.target, "eagle3", None) is not None:
+        ea = SpecDecodeConfig(method="eagle3", num_speculative_tokens=args.eagle_tokens)
+        runs += [(f"sd [EAGLE-3, k={args.eagle_tokens}]", {"mode": "sd", "target_spec": ea}),
+                 (f"lr+sd sync [{judge}, EAGLE-3 SD]", {"mode": "lr+sd", "target_spec": ea})]
     gammas = sorted({int(g) for g in args.sweep.split(",") if g.strip()} - {base.gamma})
     for g in gammas:
         runs.append((f"lr+sd sync [{judge}] gamma={g}", {"mode": "lr+sd", "gamma": g, "max_gamma": max(g, base.max_gamma)}))

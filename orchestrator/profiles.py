@@ -38,6 +38,9 @@ class ModelSpec(BaseModel):
                                              "(PortableEngineConfig.compile)")
     medusa: str | None = Field(None, description="portable runtime: folder of Medusa heads for this model (relative "
                                                  "to the engines directory), enabling target_spec.method 'medusa'")
+    eagle3: str | None = Field(None, description="portable runtime: folder of an EAGLE-3 draft head for this model "
+                                                 "(relative to the engines directory), enabling target_spec.method "
+                                                 "'eagle3'")
     max_batch_size: int = Field(64, ge=1)
     prefix_cache_mb: float = Field(256.0, gt=0)
     url: str | None = Field(None, description="server address for the openai/triton runtimes")
@@ -55,9 +58,17 @@ class ModelSpec(BaseModel):
 
     def resolved_medusa(self) -> Path | None:
         """The Medusa heads folder (relative paths against the engines directory), or None."""
-        if self.medusa is None:
-            return None
-        return Path(self.medusa) if Path(self.medusa).is_absolute() else ENGINES_DIR / self.medusa
+        return _under_engines(self.medusa)
+
+    def resolved_eagle3(self) -> Path | None:
+        """The EAGLE-3 head folder (relative paths against the engines directory), or None."""
+        return _under_engines(self.eagle3)
+
+
+def _under_engines(path: str | None) -> Path | None:
+    if path is None:
+        return None
+    return Path(path) if Path(path).is_absolute() else ENGINES_DIR / path
 
 
 class Profile(BaseModel):
@@ -102,7 +113,8 @@ PROFILES: dict[str, Profile] = {
         description="the embedded demo trio (engines/demo): synthetic arithmetic with long reasoning traces",
         # float32 pinned: the trio is overhead-bound (bf16 is slower), and dtype auto's start-up micro-benchmark
         # could pick differently in two processes on a loaded machine, so served and in-process answers differ
-        target=ModelSpec(path="demo/target", dtype="float32", medusa="demo/target-medusa"),
+        target=ModelSpec(path="demo/target", dtype="float32", medusa="demo/target-medusa",
+                         eagle3="demo/target-eagle3"),
         draft=ModelSpec(path="demo/draft", dtype="float32"),
         judge=ModelSpec(path="demo/judge", dtype="float32"),
         options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=800),

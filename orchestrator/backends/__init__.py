@@ -29,6 +29,7 @@ def make_engine(spec, draft_engine=None) -> Engine:
             model=str(spec.resolved_path()), dtype=spec.dtype, device=spec.device, num_threads=spec.num_threads,
             max_batch_size=spec.max_batch_size, prefix_cache_mb=spec.prefix_cache_mb, compile=spec.compile,
             medusa_heads=str(spec.resolved_medusa()) if spec.medusa else None,
+            eagle3_head=str(spec.resolved_eagle3()) if spec.eagle3 else None,
         )
         return PortableEngine(cfg, draft_engine=draft_engine)
     if spec.runtime == "trtllm":  # TensorRT-LLM LLM API; settings from an engine spec (engines/*.yaml)

@@ -49,7 +49,8 @@ class SpecDecodeConfig(BaseModel):
     tokens that followed the most recent match. ``draft_model``: a second engine proposes
     ``num_speculative_tokens`` tokens. ``medusa``: the engine's Medusa heads propose one token each from the
     target's last hidden state, with no extra forward (:mod:`.medusa`; at most as many as the engine has
-    heads). Proposals are verified in one target forward; greedy output is
+    heads). ``eagle3``: the engine's EAGLE-3 head proposes ``num_speculative_tokens`` tokens autoregressively
+    from the target's low/middle/high-layer features of the same forwards (:mod:`.eagle`). Proposals are verified in one target forward; greedy output is
     identical to plain decoding and sampled output follows the target distribution (speculative
     rejection sampling, Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
 
@@ -63,7 +64,7 @@ class SpecDecodeConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: Literal["none", "ngram", "draft_model", "medusa"] = "none"
+    method: Literal["none", "ngram", "draft_model", "medusa", "eagle3"] = "none"
     num_speculative_tokens: int = Field(0, ge=0, le=64)
     schedule: Literal["heuristic", "constant"] = "heuristic"
     prompt_lookup_max: int = Field(2, ge=1)

@@ -128,8 +128,8 @@ class MedusaHeads(nn.Module):
 
 class MedusaProposer:
     """``method: medusa``: each row's proposals are the heads' argmaxes on the hidden state the target's last
-    forward produced at the row's last committed token (``ProposalRow.hidden``: from its prefill for its first
-    decoding step, then from each verification forward). All rows' heads run in one batched call."""
+    forward produced at the row's last committed token (the last row of ``ProposalRow.features``: from its
+    prefill for its first decoding step, then from each verification forward). All rows' heads run in one batched call."""
 
     method = "medusa"
 
@@ -139,11 +139,11 @@ class MedusaProposer:
     @torch.inference_mode()
     def propose(self, rows: Sequence[ProposalRow]) -> list[Proposal]:
         out = [Proposal([]) for _ in rows]
-        have = [i for i, r in enumerate(rows) if r.hidden is not None]
+        have = [i for i, r in enumerate(rows) if r.features is not None and len(r.features)]
         if not have:
             return out
         k = max(rows[i].k for i in have)
-        hidden = torch.stack([rows[i].hidden for i in have])
+        hidden = torch.stack([rows[i].features[-1] for i in have])
         best = self.heads(hidden, k).argmax(-1).T.tolist()  # [n, k]
         for j, i in enumerate(have):
             out[i] = Proposal(best[j][: rows[i].k])

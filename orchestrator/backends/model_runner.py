@@ -155,17 +155,21 @@ class ModelRunner:
         # Dynamo still specialises sizes 0/1 (one row, one position), so a decoder takes a few graphs: rows 1 or
         # more x width 1 or more x mask or none (https://pytorch.org/docs/stable/torch.compiler.html).
         self._decode = torch.compile(self.model, dynamic=True) if config.compile else self.model
-        # Forwards that also return the last hidden state, for proposers that read the target's features (Medusa):
-        # the model's own forward with output_hidden_states, whose last entry is the final norm's output
-        # (transformers' capture_outputs, tie_last_hidden_states), so logits keep any model-specific scaling or
-        # softcapping. A function of its own, so that compiled it has its own graphs (dynamo's recompile limit).
+        # Forwards that also return features for proposers that read the target's hidden states (Medusa: the
+        # last, EAGLE-3: three inner layers): the model's own forward with output_hidden_states, so there is no
+        # second forward and logits keep any model-specific scaling or softcapping. ``feature_layers`` are indices
+        # into that tuple (0 = the embeddings, i = the input of decoder layer i, -1 = the final norm's output:
+        # transformers' capture_outputs, tie_last_hidden_states); the engine sets them before its first forward.
+        # A function of its own, so that compiled it has its own graphs (dynamo's recompile limit).
+        self.feature_layers: tuple[int, ...] = (-1,)
         model_ = self.model
 
-        def logits_and_hidden(**kwargs):
+        def logits_and_features(**kwargs):
             out = model_(**kwargs, output_hidden_states=True)
-            return out.logits, out.hidden_states[-1]
+            states = out.hidden_states
+            return out.logits, torch.cat([states[i] for i in self.feature_layers], dim=-1)
 
-        self._decode_hidden = torch.compile(logits_and_hidden, dynamic=True) if config.compile else logits_and_hidden
+        self._decode_hidden = torch.compile(logits_and_features, dynamic=True) if config.compile else logits_and_features
 
     def new_cache(self) -> BatchKVCache:
         """An empty dynamic cache (a group being admitted, a shared prefix being prefilled)."""
@@ -197,9 +201,10 @@ class ModelRunner:
             ids, pos: ``[rows, width]`` int64 token ids and positions; ``real``: ``[rows, width]`` bool, False for
                 padding (invisible to attention, its KV slot becomes a hole).
             logits: return the ``[rows, width, vocab]`` logits (decoding); False: prefill, only the KV is kept.
-            hidden: also return the ``[rows, width, hidden_size]`` last hidden states (after the final norm, in the
-                model's dtype): ``(logits, hidden)`` with ``logits``, else ``hidden`` alone (a prefill computes no
-                logits then); such forwards run without CUDA graphs.
+            hidden: also return the ``[rows, width, len(feature_layers) * hidden_size]`` features (the hidden states
+                of :attr:`feature_layers`, concatenated, in the model's dtype): ``(logits, features)`` with
+                ``logits``, else the features alone (a prefill computes no logits then); such forwards run without
+                CUDA graphs.
         """
         mask = cache.reserve(real.to(self.device))
         if self.graphs is not None and cache is self._running and logits and not hidden:
@@ -216,7 +221,8 @@ class ModelRunner:
         if not logits:
             kwargs["logits_to_keep"] = 1
             if hidden:
-                return self.model(**kwargs, output_hidden_states=True).hidden_states[-1]
+                states = self.model(**kwargs, output_hidden_states=True).hidden_states
+                return torch.cat([states[i] for i in self.feature_layers], dim=-1)
             self.model(**kwargs)
             return None
         if hidden:
@@ -231,7 +237,7 @@ class ModelRunner:
 
         Args:
             prompt_tokens: prefill length (token ids are arbitrary: only the shapes matter).
-            hidden: also the forwards that return hidden states (an engine with Medusa heads).
+            hidden: also the forwards that return features (an engine with Medusa heads or an EAGLE-3 head).
         """
         t0 = time.perf_counter()
         vocab = self.model.config.vocab_size

@@ -11,8 +11,9 @@ What it does per engine instance (one background scheduler thread):
   new prompts share an uncached prefix (the branches of a Lookahead Reasoning cycle) it is prefilled once
   first; the remaining suffixes are prefilled together in one forward. Finished sequences store their KV,
   so the next cycle's prefix is served from cache.
-- **Token-level speculative decoding** per request (n-gram prompt lookup, a draft-model engine, or Medusa heads
-  on the target's last hidden state), verified inside the same batched forward (see :mod:`.spec_decode`).
+- **Token-level speculative decoding** per request (n-gram prompt lookup, a draft-model engine, Medusa heads
+  on the target's last hidden state, or an EAGLE-3 head on three of its inner layers), verified inside the same
+  batched forward (see :mod:`.spec_decode`).
 
 The engine is the scheduler: what enters the batch, what each forward holds, verification of the SD
 proposals, stop strings and completion. :class:`~.model_runner.ModelRunner` loads the model, picks its dtype
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, RequestGroup,
                    validate_request)
 from .kv_cache import BatchKVCache, PrefixCache
+from .eagle import Eagle3Head, Eagle3Proposer
 from .medusa import MedusaHeads, MedusaProposer
 from .model_runner import DtypeChoice, ModelRunner
 from .spec_decode import (DraftModelProposer, NgramProposer, ProposalRow, Proposer, greedy_accepted, make_warpers,
@@ -71,6 +73,10 @@ class PortableEngineConfig(BaseModel):
     medusa_heads: str | None = Field(None, description="folder of Medusa heads trained for this model "
                                                        "(medusa_lm_head.safetensors + config.json, TensorRT-LLM's "
                                                        "--medusa_model_dir layout): enables spec.method 'medusa'")
+    eagle3_head: str | None = Field(None, description="folder of an EAGLE-3 draft head trained for this model "
+                                                      "(model.safetensors + config.json, the layout vLLM and "
+                                                      "TensorRT-LLM's speculative_model_dir read): enables "
+                                                      "spec.method 'eagle3'")
     compile: bool = Field(False, description="torch.compile the model (inductor, dynamic shapes) and compile its "
                                              "forwards at start-up: a forward of a small model loses most of its "
                                              "per-call Python overhead; start-up takes seconds to minutes longer")
@@ -117,7 +123,7 @@ class _Seq:
     spec_k: int = 0  # speculative slots this sequence uses next (SpecDecodeConfig.schedule)
     collect_probs: bool = False
     probs: list = field(default_factory=list)
-    hidden: torch.Tensor | None = None  # [hidden_size] at the last committed token (spec.method medusa)
+    features: torch.Tensor | None = None  # [n, F] at the last n committed positions (methods reading features)
 
     @property
     def generated(self) -> list[int]:
@@ -182,16 +188,41 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self.prefix_cache = PrefixCache(self.config.block_size, int(self.config.prefix_cache_mb * (1 << 20)))
         self._cache = self.runner.running_cache(self._context)
         self.medusa: MedusaHeads | None = None
+        self.eagle3: Eagle3Head | None = None
+        # Proposers that read the target's features: which output_hidden_states each needs (its columns of the
+        # runner's concatenated features) and how many past positions a row keeps for it.
+        layers: list[int] = []
+        self._feature_cols: dict[str, slice] = {}
+        self._feature_window = 0
+        h = mc.hidden_size
         if self.config.medusa_heads:
             heads = MedusaHeads.from_pretrained(self.config.medusa_heads)
-            fits = (mc.hidden_size, self.runner.model.get_output_embeddings().out_features)
+            fits = (h, self.runner.model.get_output_embeddings().out_features)
             if (heads.hidden_size, heads.vocab_size) != fits:
                 raise ValueError(f"medusa_heads: heads for hidden size {heads.hidden_size} and vocabulary "
                                  f"{heads.vocab_size} do not fit this model (hidden size {fits[0]}, vocabulary {fits[1]})")
             self.medusa = heads.to(device=self.device, dtype=self.runner.dtype)
             self._proposers["medusa"] = MedusaProposer(self.medusa)
+            self._feature_cols["medusa"] = slice(len(layers) * h, (len(layers) + 1) * h)
+            layers.append(-1)
+            self._feature_window = 1
+        if self.config.eagle3_head:
+            embed = self.runner.model.get_input_embeddings().weight
+            try:
+                head = Eagle3Head.from_pretrained(self.config.eagle3_head, embed)
+            except ValueError as exc:
+                raise ValueError(f"eagle3_head: {exc}") from None
+            if not all(0 < i < mc.num_hidden_layers for i in head.aux_layers):
+                raise ValueError(f"eagle3_head: feature layers {head.aux_layers} are not inner layers of this "
+                                 f"model's {mc.num_hidden_layers}")
+            self.eagle3 = head.to(device=self.device, dtype=self.runner.dtype)
+            self._proposers["eagle3"] = Eagle3Proposer(self.eagle3)
+            self._feature_cols["eagle3"] = slice(len(layers) * h, (len(layers) + 3) * h)
+            layers.extend(head.aux_layers)
+            self._feature_window = max(self._feature_window, head.attention_window)
+        self.runner.feature_layers = tuple(layers)
         if self.config.compile:
-            self.runner.warm_up(min(self._context, 64), hidden=self.medusa is not None)
+            self.runner.warm_up(min(self._context, 64), hidden=bool(layers))
 
     @property
     def model(self):
@@ -219,6 +250,8 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         validate_request(req, self._vocab, self._context, multi_stop=True)
         if req.spec.method == "draft_model" and self.draft_engine is None:
             raise ValueError("spec.method: 'draft_model' needs an engine built with a draft_engine")
+        if req.spec.method == "eagle3" and self.eagle3 is None:
+            raise ValueError("spec.method: 'eagle3' needs an engine built with eagle3_head")
         if req.spec.method == "medusa":
             if self.medusa is None:
                 raise ValueError("spec.method: 'medusa' needs an engine built with medusa_heads")
@@ -377,11 +410,11 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         prefixes = [tuple(s.tokens[:-1]) for s in new]
         if use_cache and len(new) > 1:
             self._prefill_shared(new, prefixes)
-        # Medusa rows propose at their first decoding step from the hidden state of their last prefilled token, so
-        # that token is always computed, never served whole from the prefix cache.
-        medusa = [s.req.spec.method == "medusa" for s in new]
+        # Rows whose proposer reads the target's features propose at their first decoding step from those of
+        # their last prefilled token, so that token is always computed, never served whole from the prefix cache.
+        feat = [s.req.spec.method in self._feature_cols for s in new]
         matched: list[tuple[int, torch.Tensor | None]] = []
-        for s, p, m in zip(new, prefixes, medusa):
+        for s, p, m in zip(new, prefixes, feat):
             n, kv = self.prefix_cache.match(p, max(0, len(p) - m)) if use_cache else (0, None)
             matched.append((n, kv))
             s.counters.prefill_tokens_cached += n
@@ -398,10 +431,10 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                 pos[r] = torch.arange(n, n + width)
                 real[r, : len(suf)] = True
                 new[r].counters.prefill_tokens_computed += len(suf)
-            hidden = self._forward(group, ids, pos, real, logits=False, hidden=any(medusa))
+            hidden = self._forward(group, ids, pos, real, logits=False, hidden=any(feat))
             for r, suf in enumerate(suffixes):
-                if medusa[r] and suf:  # column len(suf) - 1 is position len(prefix) - 1, i.e. tokens[-2]
-                    new[r].hidden = hidden[r, len(suf) - 1].clone()
+                if feat[r] and suf:  # columns 0 .. len(suf) - 1 are positions n .. len(prefix) - 1 = tokens[-2]
+                    new[r].features = hidden[r, max(0, len(suf) - self._feature_window): len(suf)].clone()
         if use_cache:
             for r, (s, p) in enumerate(zip(new, prefixes)):
                 if len(p) - matched[r][0] >= self.config.block_size:
@@ -476,7 +509,9 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             if spec.method == "draft_model" and not sampling.greedy:  # a seed per row, from the row's generator
                 seed = int(torch.randint(0, 2**31 - 1, (), generator=s.generator))
                 sampling = sampling.model_copy(update={"seed": seed})
-            groups.setdefault(spec.method, []).append((r, ProposalRow(s.tokens, room, spec, sampling, s.hidden)))
+            cols = self._feature_cols.get(spec.method)
+            features = s.features[:, cols] if cols is not None and s.features is not None else None
+            groups.setdefault(spec.method, []).append((r, ProposalRow(s.tokens, room, spec, sampling, features)))
         for method, rows in groups.items():
             for (r, _), prop in zip(rows, self._proposers[method].propose([row for _, row in rows])):
                 props[r] = (prop.tokens, prop.probs)
@@ -504,8 +539,8 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         real = cols[None] <= torch.tensor(n_props)[:, None]
         pos = torch.tensor([len(s.tokens) - 1 for s in seqs])[:, None] + cols[None]
         start_slot = self._cache.length
-        medusa = [r for r, s in enumerate(seqs) if s.req.spec.method == "medusa"]
-        if medusa:  # the rows' next proposals read the hidden state at their last committed token
+        feat = [r for r, s in enumerate(seqs) if s.req.spec.method in self._feature_cols]
+        if feat:  # the rows' next proposals read the features of the positions they commit now
             logits, hidden = self._forward(self._cache, ids, pos, real, logits=True, hidden=True)
         else:
             logits = self._forward(self._cache, ids, pos, real, logits=True)
@@ -539,8 +574,10 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                     break
             # Only proposals that reach the output count as accepted (a stop, EOS or length cut drops the rest).
             s.counters.count_proposals(k, min(acc, kept[r]))
-        for r in medusa:  # the last kept token was predicted at new slot kept - 1
-            seqs[r].hidden = hidden[r, kept[r] - 1].clone()
+        for r in feat:  # new slots 0 .. kept - 1 predicted the kept tokens
+            s = seqs[r]
+            new = hidden[r, : kept[r]]
+            s.features = (new if s.features is None else torch.cat([s.features, new]))[-self._feature_window:].clone()
         self._cache.keep_new(start_slot, torch.tensor(kept))
         dt = time.perf_counter() - t0
         if self.record_steps:

@@ -35,14 +35,15 @@ class ProposalRow:
     """One sequence asking for proposals: its tokens so far (prompt + generated), at most ``k`` proposals (> 0),
     its speculative-decoding settings, the sampling a model proposer draws with (seeded per row by the
     caller, so proposals do not depend on other rows), and for a proposer that reads the target's features
-    (Medusa) the ``[hidden]`` last hidden state at the row's last committed token, in the target's dtype (from the
-    row's prefill, then from each verification forward)."""
+    (Medusa, EAGLE-3) ``features [n, F]``: the features that proposer asked for (:attr:`.ModelRunner.feature_layers`)
+    at the row's last ``n`` committed positions, in the target's dtype, the last one being the position whose
+    output predicted the row's last token (from the row's prefill, then from each verification forward)."""
 
     tokens: list[int]
     k: int
     spec: SpecDecodeConfig
     sampling: SamplingParams
-    hidden: torch.Tensor | None = None
+    features: torch.Tensor | None = None
 
 
 @dataclass

@@ -165,6 +165,10 @@ class Eagle3Drafting(_Strict):
     max_draft_len: int = Field(3, ge=1, le=64)
     checkpoint: str = Field(..., min_length=1, description="EAGLE3 draft head: Hugging Face id or local folder")
     one_model: bool = Field(True, description="draft head runs inside the target model (eagle3_one_model)")
+    layers_to_capture: list[int] | None = Field(
+        None, description="target layers whose OUTPUTS feed the head (eagle3_layers_to_capture; TensorRT-LLM's "
+                          "default {1, L//2-1, L-4}); a local head's config.json fixes them (its "
+                          "eagle_aux_hidden_state_layer_ids are layer inputs, i.e. these + 1)")
 
 
 class DraftTargetDrafting(_Strict):
@@ -422,7 +426,7 @@ def speculative_options(spec: EngineSpec) -> dict | None:
     Keys follow ``tensorrt_llm.llmapi`` decoding configs: ``decoding_type``, ``max_draft_len``,
     ``speculative_model_dir`` (the field ``speculative_model`` accepts this name as an alias in current
     releases; 1.0-1.2 know only this one), NGram's ``max_matching_ngram_size`` / ``is_keep_all`` /
-    ``is_use_oldest`` / ``is_public_pool``, EAGLE3's ``eagle3_one_model``.
+    ``is_use_oldest`` / ``is_public_pool``, EAGLE3's ``eagle3_one_model`` and ``eagle3_layers_to_capture``.
     """
     d = spec.drafting
     if d.method == "none":
@@ -433,6 +437,8 @@ def speculative_options(spec: EngineSpec) -> dict | None:
                    is_use_oldest=d.is_use_oldest, is_public_pool=d.is_public_pool)
     elif isinstance(d, Eagle3Drafting):
         out.update(speculative_model_dir=d.checkpoint, eagle3_one_model=d.one_model)
+        if d.layers_to_capture is not None:
+            out["eagle3_layers_to_capture"] = sorted(d.layers_to_capture)
     elif isinstance(d, DraftTargetDrafting):
         out.update(speculative_model_dir=d.checkpoint)
     elif isinstance(d, MedusaDrafting):
