@@ -15,7 +15,10 @@ What it does, on the synthetic long-reasoning task of the demo trio:
 2. one forward of the frozen target over each prompt + answer gives the three feature layers at every position;
 3. the head trains on random crops of ``--crop`` positions, ``--steps`` chained steps per crop (loss weighted
    ``0.8 ** s``), attending to a random window of 1 .. ``--window`` true positions (the engine keeps at most
-   ``--window`` per row, and fewer right after a prefill), for ``--minutes`` at most;
+   ``--window`` per row, and fewer right after a prefill), for ``--minutes`` at most. Crops start no earlier than
+   two positions before the answer, so prompt positions are never keys in training, while the engine's window
+   right after a prefill holds prompt positions: a known mismatch for a request's first tokens, left as it is so
+   that the committed head stays what this script makes;
 4. the greedy chain's acceptance by depth and the tokens per target forward it implies are measured on the held-out
    answers and written to ``<out>/eval.json`` with a model card.
 
@@ -113,8 +116,7 @@ def ttt_logits(head: Eagle3Head, feats: torch.Tensor, nxt: torch.Tensor, steps: 
         blocks = [(d >= 0) & (d < window)]
         for u in range(1, s + 1):
             blocks.append(i[None, :] == i[:, None] - s + u)
-        mask = torch.cat(blocks, 1)
-        mask[:, c * s:] |= torch.eye(c, dtype=torch.bool)  # the own key (also for j < s, which the loss ignores)
+        mask = torch.cat(blocks, 1)  # block s (u = s) is each query's own key, so no row is empty
         attn = head.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask[None, None])
         logits, prev = head.finish(attn, hidden)
         out.append(logits)
@@ -237,7 +239,7 @@ def main() -> None:
         "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "target": str(args.target),
+        "target": _shown(args.target),
         "aux_layers": list(cfg.aux_layers), "window": args.window, "steps": args.steps,
         "parameters": sum(p.numel() for p in params),
         "train": {"problems": args.problems, "optimizer_steps": step, "crops_per_step": args.batch_size,
@@ -251,6 +253,12 @@ def main() -> None:
     print(json.dumps(report["held_out"]["trained"], indent=2))
 
 
+def _shown(path: str) -> str:
+    """``path`` relative to the repository when inside it (cards and reports name no machine's folders)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(tdm.REPO)) if p.is_relative_to(tdm.REPO) else path
+
+
 def model_card(r: dict) -> str:
     """The head's model card: what it is, how it was trained, what it reaches on held-out answers."""
     t, u, tr = r["held_out"]["trained"], r["held_out"]["untrained"], r["train"]
@@ -259,7 +267,7 @@ def model_card(r: dict) -> str:
     return f"""# EAGLE-3 draft head for the demo target
 
 One EAGLE-3 draft layer ({r['parameters']:,} trained parameters; the target's token embedding shared, not saved) over
-the features of `{r['target']}`'s layers {r['aux_layers']} (``output_hidden_states`` indices: the inputs of those
+the features of `{r['target']}`'s layers {r['aux_layers']} (`output_hidden_states` indices: the inputs of those
 decoder layers), Li et al. 2025, "EAGLE-3", section 3, with training-time test over {r['steps']} steps and attention
 over at most {r['window']} past positions. Trained by self-distillation on the target's own greedy answers to
 {tr['problems']} synthetic training problems ({tr['optimizer_steps']} steps of {tr['crops_per_step']} crops of
@@ -267,7 +275,7 @@ over at most {r['window']} past positions. Trained by self-distillation on the t
 {tr['generation_seconds']:.0f} s). Layout: SafeAILab/EAGLE's EAGLE-3 checkpoint, read by vLLM (`llama_eagle3.py`) and
 TensorRT-LLM (`Eagle3DecodingConfig(speculative_model_dir=...)`): `model.safetensors` (`fc`, `midlayer.*`, `norm`,
 `lm_head`, `d2t`, `t2d`) and a Llama `config.json` (`LlamaForCausalLMEagle3`, `draft_vocab_size`,
-`eagle_config.eagle_aux_hidden_state_layer_ids`). Made by:
+`eagle_aux_hidden_state_layer_ids`). Made by:
 
     {r['command']}
 
@@ -280,7 +288,8 @@ TensorRT-LLM (`Eagle3DecodingConfig(speculative_model_dir=...)`): `model.safeten
 
 Mean accepted proposals per decoding forward with {r['steps']} proposals: **{t['mean_accepted_per_forward']:.2f}**
 (untrained {u['mean_accepted_per_forward']:.2f}), i.e. {t['tokens_per_forward']:.2f} tokens per target forward.
-These are offline figures on the target's own answers with a full window; the engine's acceptance also depends on
+These are offline figures on the target's own answers (walked in crops of 256 positions from two before the answer,
+so a position sees up to the window of answer positions before it, never the prompt's); the engine's acceptance also depends on
 the schedule, on stops and on how many positions a row has after its prefill, and is reported by
 `benchmarks/lr_bench.py` (`sd [EAGLE-3, ...]` rows).
 """

@@ -165,7 +165,7 @@ def test_head_is_saved_in_the_eagle3_layout(tiny4, tmp_path):
     folder = random_head(str(tiny4), tmp_path / "head", aux=(1, 2, 3))
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
-    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # top level, layer inputs: what vLLM reads
     weights = load_file(str(folder / WEIGHTS))
     layer = {f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")}
     layer |= {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"}
@@ -177,19 +177,22 @@ def test_head_is_saved_in_the_eagle3_layout(tiny4, tmp_path):
     assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
     model = AutoModelForCausalLM.from_pretrained(str(tiny4))
     embed = model.get_input_embeddings().weight
-    a, b = Eagle3Head.from_pretrained(folder, embed), Eagle3Head.from_pretrained(folder, embed)
+    a, b = Eagle3Head.from_pretrained(folder, embed, 4), Eagle3Head.from_pretrained(folder, embed, 4)
     feats = [torch.randn(5, 3 * h), torch.randn(2, 3 * h)]
     assert a.propose(feats, [[3, 4, 5, 6, 7], [8, 9]], 4) == b.propose(feats, [[3, 4, 5, 6, 7], [8, 9]], 4)
+    unnamed = {k: v for k, v in cfg.items() if k != "eagle_aux_hidden_state_layer_ids"}
+    (folder / "config.json").write_text(json.dumps(unnamed))
+    assert Eagle3Head.from_pretrained(folder, embed, 22).aux_layers == (2, 11, 19)  # vLLM's default for 22 layers
     (folder / "config.json").write_text(json.dumps({**cfg, "hidden_size": h * 2}))
     with pytest.raises(ValueError, match="eagle3"):
-        Eagle3Head.from_pretrained(folder, embed)
+        Eagle3Head.from_pretrained(folder, embed, 4)
 
 
 def test_a_padded_row_proposes_as_it_would_alone(tiny4, tmp_path):
     """Rows with fewer features are left-padded in the batched call: each row's chain equals its chain alone."""
     folder = random_head(str(tiny4), tmp_path / "head", aux=(1, 2, 3))
     embed = AutoModelForCausalLM.from_pretrained(str(tiny4)).get_input_embeddings().weight
-    head = Eagle3Head.from_pretrained(folder, embed)
+    head = Eagle3Head.from_pretrained(folder, embed, 4)
     h = head.config.hidden_size
     torch.manual_seed(1)
     feats = [torch.randn(n, 3 * h) for n in (1, 6, 3)]
@@ -234,7 +237,7 @@ def test_tensorrt_llm_eagle3_spec_dry_run_accepts_the_head(tmp_path_factory, tmp
     from conftest import REPO
 
     head = demo_head(tmp_path_factory)
-    aux = json.loads((head / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    aux = json.loads((head / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
     spec = yaml.safe_load((REPO / "engines" / "qwen3-32b-target-eagle3.yaml").read_text())
     spec["drafting"]["checkpoint"] = str(head)
     path = tmp_path / "eagle3.yaml"

@@ -50,9 +50,9 @@ class SpecDecodeConfig(BaseModel):
     ``num_speculative_tokens`` tokens. ``medusa``: the engine's Medusa heads propose one token each from the
     target's last hidden state, with no extra forward (:mod:`.medusa`; at most as many as the engine has
     heads). ``eagle3``: the engine's EAGLE-3 head proposes ``num_speculative_tokens`` tokens autoregressively
-    from the target's low/middle/high-layer features of the same forwards (:mod:`.eagle`). Proposals are verified in one target forward; greedy output is
-    identical to plain decoding and sampled output follows the target distribution (speculative
-    rejection sampling, Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
+    from the target's low/middle/high-layer features of the same forwards (:mod:`.eagle`). Proposals are
+    verified in one target forward; greedy output is identical to plain decoding and sampled output follows the
+    target distribution (speculative rejection sampling, Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
 
     ``schedule`` sets how many of the ``num_speculative_tokens`` slots a sequence uses at each step, as
     transformers' ``num_assistant_tokens_schedule``: ``constant`` always all of them; ``heuristic`` (default)

@@ -23,8 +23,10 @@ TensorRT-LLM (``Eagle3DecodingConfig(speculative_model_dir=...)``) read: ``model
 ``midlayer.self_attn.{q,k,v,o}_proj.weight`` (q/k/v read ``2H``), ``midlayer.mlp.{gate,up,down}_proj.weight``,
 ``norm.weight``, ``lm_head.weight`` ``[draft_vocab, H]``, ``d2t`` (int64, draft id -> target id offset) and
 ``t2d`` (bool over the target vocabulary); no ``embed_tokens`` (both readers then share the target's); a Llama
-``config.json`` with ``architectures: ["LlamaForCausalLMEagle3"]``, ``num_hidden_layers: 1`` and
-``draft_vocab_size``, plus ``eagle_config.eagle_aux_hidden_state_layer_ids``.
+``config.json`` with ``architectures: ["LlamaForCausalLMEagle3"]``, ``num_hidden_layers: 1``,
+``draft_vocab_size`` and the top-level ``eagle_aux_hidden_state_layer_ids`` vLLM reads
+(``get_eagle3_aux_layers_from_config``; layer inputs, as ``aux_layers`` here). A checkpoint without that key gets
+vLLM's default for the target (:func:`default_aux_layers`), as in vLLM.
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ from .spec_decode import Proposal, ProposalRow
 
 WEIGHTS = "model.safetensors"
 DEFAULT_WINDOW = 32
+
+
+def _rope_theta(config) -> float:
+    """RoPE base of a config (transformers 5 ``rope_parameters``, 4.x ``rope_theta``)."""
+    return float((getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+                 or getattr(config, "rope_theta", None) or 10000.0)
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -123,9 +131,12 @@ class Eagle3Head(nn.Module):
         return q, k, v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Scaled dot-product attention, ``mask [B, 1, Sq, Sk]`` bool (True = attend) -> ``[B, Sq, heads * hd]``."""
-        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                         enable_gqa=q.shape[1] != k.shape[1])
+        """Scaled dot-product attention, ``mask [B, 1, Sq, Sk]`` bool (True = attend) -> ``[B, Sq, heads * hd]``
+        (grouped-query: each key/value head serves ``heads / kv_heads`` query heads)."""
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return out.transpose(1, 2).flatten(2)
 
     def finish(self, attn: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +172,7 @@ class Eagle3Head(nn.Module):
         real = torch.zeros((rows, n), dtype=torch.bool, device=dev)
         for r, (f, t) in enumerate(zip(features, tokens)):  # right-aligned: every row's last position is n - 1
             feats[r, n - f.shape[0]:] = f.to(dt)
-            toks[r, n - f.shape[0]:] = torch.tensor(list(t)[-f.shape[0]:], dtype=torch.long)
+            toks[r, n - f.shape[0]:] = torch.tensor(t[-f.shape[0]:], dtype=torch.long)
             real[r, n - f.shape[0]:] = True
         hidden = self.fc(feats)
         pos = torch.arange(n, device=dev).expand(rows, -1)
@@ -194,9 +205,9 @@ class Eagle3Head(nn.Module):
             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
             "head_dim": c.head_dim, "num_hidden_layers": 1, "vocab_size": c.vocab_size,
             "draft_vocab_size": c.draft_vocab_size, "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_parameters["rope_theta"], "max_position_embeddings": c.max_position_embeddings,
+            "rope_theta": _rope_theta(c), "max_position_embeddings": c.max_position_embeddings,
             "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "float32",
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "use_aux_hidden_state": True},
+            "eagle_aux_hidden_state_layer_ids": list(self.aux_layers), "eagle_config": {"use_aux_hidden_state": True},
             "attention_window": self.attention_window, "base_model_name_or_path": base_model,
         }
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -213,7 +224,7 @@ class Eagle3Head(nn.Module):
                   head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
                   num_hidden_layers=1, vocab_size=t.vocab_size, rms_norm_eps=t.rms_norm_eps,
                   max_position_embeddings=t.max_position_embeddings,
-                  rope_theta=(getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+                  rope_theta=_rope_theta(t))
         kw.update(overrides)
         c = LlamaConfig(**{k: v for k, v in kw.items() if k != "draft_vocab_size"})
         c.draft_vocab_size = int(kw.get("draft_vocab_size", t.vocab_size))
@@ -222,9 +233,10 @@ class Eagle3Head(nn.Module):
         return c
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, embed_tokens: torch.Tensor) -> "Eagle3Head":
+    def from_pretrained(cls, folder: str | Path, embed_tokens: torch.Tensor, target_layers: int) -> "Eagle3Head":
         """Load a head written by :meth:`save_pretrained` (or an EAGLE-3 checkpoint in the same layout) onto the
-        target's input embedding ``embed_tokens [vocab, H]``.
+        target's input embedding ``embed_tokens [vocab, H]``; ``target_layers`` (the target's decoder layers) gives
+        the default feature layers of a checkpoint that names none.
 
         Raises:
             ValueError: a missing or inconsistent file (the message names it).
@@ -236,18 +248,19 @@ class Eagle3Head(nn.Module):
         except (OSError, json.JSONDecodeError, SafetensorError) as exc:
             raise ValueError(f"eagle3: cannot read an EAGLE-3 head in {folder}: {exc}") from None
         try:
-            aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            aux = cfg.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(target_layers)
             c = LlamaConfig(**{k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                                    "num_key_value_heads", "vocab_size", "rms_norm_eps")},
                             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
                             num_hidden_layers=1, rope_theta=cfg.get("rope_theta", 10000.0),
                             max_position_embeddings=cfg.get("max_position_embeddings", 2048))
             c.draft_vocab_size = int(cfg.get("draft_vocab_size") or cfg["vocab_size"])
-            if aux is None or len(aux) != 3:
-                raise KeyError("eagle_config.eagle_aux_hidden_state_layer_ids (three layers)")
-            c.aux_layers, c.attention_window = tuple(aux), int(cfg.get("attention_window", DEFAULT_WINDOW))
+            if len(aux) != 3:
+                raise ValueError(f"eagle_aux_hidden_state_layer_ids: {aux} (EAGLE-3 fuses three layers)")
+            c.aux_layers = tuple(int(i) for i in aux)
+            c.attention_window = int(cfg.get("attention_window", DEFAULT_WINDOW))
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"eagle3: {folder}/config.json is not an EAGLE-3 config (missing {exc})") from None
+            raise ValueError(f"eagle3: {folder}/config.json is not an EAGLE-3 config (bad or missing {exc})") from None
         if tuple(embed_tokens.shape) != (c.vocab_size, c.hidden_size):
             raise ValueError(f"eagle3: the head in {folder} is for vocabulary {c.vocab_size} and hidden size "
                              f"{c.hidden_size}, not this target's {tuple(embed_tokens.shape)}")

@@ -209,7 +209,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         if self.config.eagle3_head:
             embed = self.runner.model.get_input_embeddings().weight
             try:
-                head = Eagle3Head.from_pretrained(self.config.eagle3_head, embed)
+                head = Eagle3Head.from_pretrained(self.config.eagle3_head, embed, mc.num_hidden_layers)
             except ValueError as exc:
                 raise ValueError(f"eagle3_head: {exc}") from None
             if not all(0 < i < mc.num_hidden_layers for i in head.aux_layers):

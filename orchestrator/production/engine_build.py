@@ -160,45 +160,8 @@ def _model_specs(spec: EngineSpec, model: str) -> str:
     return head + yaml.safe_dump(doc, sort_keys=False)
 
 
-def check_eagle3_checkpoint(spec: EngineSpec) -> EngineSpec:
-    """Where the EAGLE-3 ``drafting.checkpoint`` is a local folder, check it is an EAGLE-3 head in the layout
-    ``Eagle3DecodingConfig(speculative_model_dir=...)`` loads (SafeAILab/EAGLE's: ``config.json`` of a
-    ``LlamaForCausalLMEagle3`` with one layer, ``model.safetensors`` or ``pytorch_model.bin``), and return the
-    spec with ``drafting.layers_to_capture`` set from the head's ``eagle_aux_hidden_state_layer_ids`` (layer
-    inputs; TensorRT-LLM captures layer outputs, so each minus one), so the head reads the layers it was trained
-    on. A path that is not here (a production host's, a Hugging Face id) is left to the runtime.
-
-    Raises:
-        ValueError: naming ``drafting.checkpoint`` or ``drafting.layers_to_capture``.
-    """
-    d = spec.drafting
-    folder = Path(d.checkpoint)  # type: ignore[union-attr]
-    if not folder.is_dir():
-        return spec
-    if not any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")):
-        raise ValueError(f"drafting.checkpoint: {folder} holds no model.safetensors or pytorch_model.bin")
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-        layers = int(cfg["num_hidden_layers"])
-        aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"drafting.checkpoint: {folder}/config.json is not a draft-model config ({exc})") from None
-    if layers != 1 or not any("Eagle3" in a for a in cfg.get("architectures", [])):
-        raise ValueError(f"drafting.checkpoint: {folder} is not an EAGLE-3 head (architectures "
-                         f"{cfg.get('architectures')}, {layers} layers)")
-    if aux is None:
-        return spec
-    capture = sorted(int(i) - 1 for i in aux)
-    if d.layers_to_capture is not None and sorted(d.layers_to_capture) != capture:  # type: ignore[union-attr]
-        raise ValueError(f"drafting.layers_to_capture: {d.layers_to_capture}, but the head was trained on the "  # type: ignore[union-attr]
-                         f"outputs of layers {capture} (eagle_aux_hidden_state_layer_ids {aux})")
-    return spec.model_copy(update={"drafting": d.model_copy(update={"layers_to_capture": capture})})
-
-
 def _plan_llmapi(spec: EngineSpec, checkpoint: str, out: Path, eval_problems: int) -> list[Step]:
     steps: list[Step] = []
-    if spec.drafting.method == "eagle3":
-        spec = check_eagle3_checkpoint(spec)
     model = checkpoint
     if spec.precision.needs_quantization:
         model = str(out / "checkpoint")

@@ -36,6 +36,7 @@ the offending field's dotted path, e.g. ``drafting.method: ...``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -165,7 +166,7 @@ class Eagle3Drafting(_Strict):
     max_draft_len: int = Field(3, ge=1, le=64)
     checkpoint: str = Field(..., min_length=1, description="EAGLE3 draft head: Hugging Face id or local folder")
     one_model: bool = Field(True, description="draft head runs inside the target model (eagle3_one_model)")
-    layers_to_capture: list[int] | None = Field(
+    layers_to_capture: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, description="target layers whose OUTPUTS feed the head (eagle3_layers_to_capture; TensorRT-LLM's "
                           "default {1, L//2-1, L-4}); a local head's config.json fixes them (its "
                           "eagle_aux_hidden_state_layer_ids are layer inputs, i.e. these + 1)")
@@ -420,6 +421,47 @@ def with_runtime(spec: EngineSpec, runtime: str) -> EngineSpec:
 DECODING_TYPES = {"ngram": "NGram", "eagle3": "Eagle3", "draft_target": "Draft_Target", "medusa": "Medusa"}
 
 
+def eagle3_layers_to_capture(d: Eagle3Drafting) -> list[int] | None:
+    """The target layers (outputs) an EAGLE-3 head reads, for ``eagle3_layers_to_capture``.
+
+    Where ``d.checkpoint`` is a local folder, it must be an EAGLE-3 head in the layout
+    ``Eagle3DecodingConfig(speculative_model_dir=...)`` loads (SafeAILab/EAGLE's: a one-layer
+    ``LlamaForCausalLMEagle3`` ``config.json``, ``model.safetensors`` or ``pytorch_model.bin``); its
+    ``eagle_aux_hidden_state_layer_ids`` (layer inputs, vLLM's convention) minus one are the layers, and a
+    ``d.layers_to_capture`` that differs is refused. Otherwise (a production host's path, a Hugging Face id, a head
+    naming no layers) ``d.layers_to_capture`` as given, None meaning TensorRT-LLM's default.
+
+    Raises:
+        ValueError: naming ``drafting.checkpoint`` or ``drafting.layers_to_capture``.
+    """
+    given = sorted(d.layers_to_capture) if d.layers_to_capture is not None else None
+    folder = Path(d.checkpoint)
+    if not folder.is_dir():
+        return given
+    if not any((folder / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")):
+        raise ValueError(f"drafting.checkpoint: {folder} holds no model.safetensors or pytorch_model.bin")
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+        layers = int(cfg["num_hidden_layers"])
+        aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+        capture = sorted(int(i) - 1 for i in aux) if aux else None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"drafting.checkpoint: {folder}/config.json is not a draft-model config "
+                         f"(bad or missing {exc})") from None
+    if layers != 1 or not any("Eagle3" in a for a in cfg.get("architectures") or []):
+        raise ValueError(f"drafting.checkpoint: {folder} is not an EAGLE-3 head (architectures "
+                         f"{cfg.get('architectures')}, {layers} layers)")
+    if capture is None:
+        return given
+    if min(capture) < 0:
+        raise ValueError(f"drafting.checkpoint: {folder} reads the embeddings (eagle_aux_hidden_state_layer_ids "
+                         f"{aux}), which TensorRT-LLM cannot capture")
+    if given is not None and given != capture:
+        raise ValueError(f"drafting.layers_to_capture: {given}, but the head was trained on the outputs of layers "
+                         f"{capture} (eagle_aux_hidden_state_layer_ids {aux})")
+    return capture
+
+
 def speculative_options(spec: EngineSpec) -> dict | None:
     """``speculative_config`` mapping for the LLM API, or ``None`` without drafting.
 
@@ -437,8 +479,9 @@ def speculative_options(spec: EngineSpec) -> dict | None:
                    is_use_oldest=d.is_use_oldest, is_public_pool=d.is_public_pool)
     elif isinstance(d, Eagle3Drafting):
         out.update(speculative_model_dir=d.checkpoint, eagle3_one_model=d.one_model)
-        if d.layers_to_capture is not None:
-            out["eagle3_layers_to_capture"] = sorted(d.layers_to_capture)
+        layers = eagle3_layers_to_capture(d)
+        if layers is not None:
+            out["eagle3_layers_to_capture"] = layers
     elif isinstance(d, DraftTargetDrafting):
         out.update(speculative_model_dir=d.checkpoint)
     elif isinstance(d, MedusaDrafting):

@@ -51,7 +51,13 @@ class RoleModel:
         threads = params.get("num_threads")
         if threads:
             spec = spec.model_copy(update={"num_threads": int(threads)})
-        self.engine = make_engine(spec)
+        # A portable target serves draft-model SD (the demo's default target_spec) with the profile's draft in its
+        # own process, as the in-process reasoner does (profiles.build_reasoner) and TensorRT-LLM's Draft_Target
+        # decoding runs the draft inside the target's executor.
+        self.draft_engine = None
+        if self.role == "target" and spec.runtime == "portable" and getattr(profile.draft, "runtime", None) == "portable":
+            self.draft_engine = make_engine(profile.draft)
+        self.engine = make_engine(spec, draft_engine=self.draft_engine)
         self.max_rows = int(params.get("max_rows_per_call") or ROLE_MAX_ROWS)
         self.max_new_tokens = int(params.get("max_tokens_limit") or ROLE_MAX_NEW_TOKENS)
         labels = {"role": self.role}
@@ -124,3 +130,5 @@ class RoleModel:
 
     def finalize(self) -> None:
         self.engine.close()
+        if self.draft_engine is not None:
+            self.draft_engine.close()
