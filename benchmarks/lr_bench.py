@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 import time
 from datetime import date
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gamma", type=int, default=None)
     ap.add_argument("--verifiers", default="exact,normalized,numeric,embedding,random",
                     help="extra lr+sd (sync) runs, one per verifier")
-    ap.add_argument("--skip", default="", help="comma-separated run names to skip")
+    ap.add_argument("--skip", default="", help="comma-separated run names to skip (commas inside a name's brackets "
+                                               "belong to the name)")
     ap.add_argument("--sweep", default="1,2,3,6,8",
                     help="extra lr+sd (sync) runs at these gammas (with the profile's judge); '' for none")
     ap.add_argument("--sd-draft-tokens", type=int, default=4,
@@ -95,7 +97,8 @@ def main(argv=None) -> int:
     gammas = sorted({int(g) for g in args.sweep.split(",") if g.strip()} - {base.gamma})
     for g in gammas:
         runs.append((f"lr+sd sync [{judge}] gamma={g}", {"mode": "lr+sd", "gamma": g, "max_gamma": max(g, base.max_gamma)}))
-    skip = set(filter(None, args.skip.split(",")))
+    # run names hold commas inside their brackets ("lr+sd sync [llm, Medusa SD]"): split only outside them
+    skip = {n.strip() for n in re.split(r",(?![^\[]*\])", args.skip) if n.strip()}
     runs = [r for r in runs if r[0] not in skip]
     t0 = time.time()
     cost = calibrate_reasoner(reasoner, *items[0].request(uses_chat_template(reasoner)),
