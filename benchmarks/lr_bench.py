@@ -1,7 +1,8 @@
 """Lookahead Reasoning benchmark on held-out synthetic problems (in-process, concurrency 1, greedy).
 
 Runs ``ar`` (the baseline), ``sd``, ``lr`` and ``lr+sd`` (sync and async, and sync with adaptive gamma) with the
-profile's judge, then ``lr+sd`` (sync) with every other verifier, ``sd`` and ``lr+sd`` with draft-model SD, ``sd``
+profile's judge and SD method, then ``lr+sd`` (sync) with every other verifier, ``sd`` and ``lr+sd`` with n-gram SD
+(when the profile's SD is another method) and with draft-model SD (unless it is the profile's, at the same k), ``sd``
 and ``lr+sd`` with Medusa SD and with EAGLE-3 SD (when the profile's target has Medusa heads / an EAGLE-3 head), and ``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
 standard error), tokens/s, measured speedup vs ``ar``, step acceptance, the analytic estimate of the speed
 model (lookahead_reasoning.core.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
@@ -53,6 +54,9 @@ def main(argv=None) -> int:
                     help="extra lr+sd (sync) runs at these gammas (with the profile's judge); '' for none")
     ap.add_argument("--sd-draft-tokens", type=int, default=4,
                     help="tokens per proposal of the draft-model SD runs (0: skip them)")
+    ap.add_argument("--ngram-tokens", type=int, default=6,
+                    help="tokens per proposal of the n-gram SD runs added when the profile's default SD is another "
+                         "method (0: skip them)")
     ap.add_argument("--medusa-tokens", type=int, default=None,
                     help="tokens per proposal of the Medusa SD runs (default: all the target's heads; 0: skip them)")
     ap.add_argument("--eagle-tokens", type=int, default=4,
@@ -78,7 +82,12 @@ def main(argv=None) -> int:
             (f"lr+sd sync [{judge}] adaptive gamma", {"mode": "lr+sd", "adaptive_gamma": True})]
     for v in [v for v in args.verifiers.split(",") if v and v != judge]:
         runs.append((f"lr+sd sync [{v}]", {"mode": "lr+sd", "judge": base.judge.model_copy(update={"name": v})}))
-    if args.sd_draft_tokens:
+    if args.ngram_tokens and base.target_spec.method != "ngram":  # the profile's default SD is another method
+        ng = SpecDecodeConfig(method="ngram", num_speculative_tokens=args.ngram_tokens, prompt_lookup_max=2)
+        runs += [(f"sd [n-gram, k={args.ngram_tokens}]", {"mode": "sd", "target_spec": ng}),
+                 (f"lr+sd sync [{judge}, n-gram SD]", {"mode": "lr+sd", "target_spec": ng})]
+    if args.sd_draft_tokens and not (base.target_spec.method == "draft_model"
+                                     and base.target_spec.num_speculative_tokens == args.sd_draft_tokens):
         dm = SpecDecodeConfig(method="draft_model", num_speculative_tokens=args.sd_draft_tokens)
         runs += [(f"sd [draft model, k={dm.num_speculative_tokens}]", {"mode": "sd", "target_spec": dm}),
                  (f"lr+sd sync [{judge}, draft-model SD]", {"mode": "lr+sd", "target_spec": dm}),

@@ -277,7 +277,7 @@ TensorRT-LLM (`Eagle3DecodingConfig(speculative_model_dir=...)`): `model.safeten
 `lm_head`, `d2t`, `t2d`) and a Llama `config.json` (`LlamaForCausalLMEagle3`, `draft_vocab_size`,
 `eagle_aux_hidden_state_layer_ids`). Made by:
 
-    {r['command']}
+    python {r['command']}
 
 ({r['date']}, {r['machine']}). On the target's greedy answers to {r['held_out']['problems']} held-out problems
 (`synthetic.EVAL_SEED`, {t['anchors']:,} anchor positions), greedy chain acceptance at each depth:

@@ -213,7 +213,7 @@ target's answers took {tr['generation_seconds']:.0f} s). Layout: FasterDecoding/
 Medusa conversion reads (`medusa_lm_head.safetensors`, `config.json` with `medusa_num_heads` /
 `medusa_num_layers`). Made by:
 
-    {r['command']}
+    python {r['command']}
 
 ({r['date']}, {r['machine']}). On the target's greedy answers to {r['held_out']['problems']} held-out problems
 (`synthetic.EVAL_SEED`, {t['positions']:,} positions):

@@ -7,6 +7,7 @@ fields (``--config FILE``). Relative model paths resolve against the engines dir
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -98,7 +99,42 @@ class Profile(BaseModel):
             raise ValueError("judges: 'llm' needs a judge model (the profile has none)")
         if self.options.judge.name not in self.served_judges():
             raise ValueError(f"judges: the default judge {self.options.judge.name!r} is not in the served judges")
+        self._check_target_spec()
         return self
+
+    def _check_target_spec(self) -> None:
+        """The default token-level SD method must be one the profile's portable target can run: Medusa and
+        EAGLE-3 need their heads (``target.medusa`` / ``target.eagle3``), draft-model SD a draft model."""
+        spec, t = self.options.target_spec, self.target
+        if t.runtime != "portable":
+            return
+        needs = {"medusa": (t.medusa, "target.medusa (a Medusa heads folder)"),
+                 "eagle3": (t.eagle3, "target.eagle3 (an EAGLE-3 head folder)"),
+                 "draft_model": (self.draft, "a draft model")}
+        have, what = needs.get(spec.method, (True, ""))
+        if not have:
+            raise ValueError(f"options.target_spec.method: {spec.method!r} needs {what}")
+
+    def target_sd_methods(self) -> dict[str, int] | None:
+        """The token-level SD methods this profile's target runs, each with the most tokens per proposal (Medusa:
+        its heads), for :class:`~lookahead_reasoning.core.lookahead.LookaheadReasoner`'s request check; None for a
+        target that is not the portable engine (its own configuration decides how it drafts)."""
+        t = self.target
+        if t.runtime != "portable":
+            return None
+        cap = SpecDecodeConfig.model_fields["num_speculative_tokens"].metadata
+        most = next((m.le for m in cap if getattr(m, "le", None) is not None), 64)
+        methods = {"ngram": most}
+        if self.draft is not None and self.draft.runtime == "portable":
+            methods["draft_model"] = most
+        if t.medusa:
+            try:
+                methods["medusa"] = int(json.loads((t.resolved_medusa() / "config.json").read_text())["medusa_num_heads"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # the engine refuses the folder when it loads, naming medusa_heads
+        if t.eagle3:
+            methods["eagle3"] = most
+        return methods
 
     def served_judges(self) -> tuple[str, ...]:
         """The judges a server built from this profile serves (see ``judges``)."""
@@ -160,7 +196,8 @@ def load_profile(name: str | None = None, config: str | Path | None = None) -> P
             return Profile.model_validate(data)
         except ValidationError as exc:
             err = from_validation(exc)
-            raise ValueError(f"config: {config}: {err.field}: {err.message}") from None
+            where = f"{err.field}: " if err.field else ""  # a whole-profile check names its fields itself
+            raise ValueError(f"config: {config}: {where}{err.message}") from None
     name = name or "demo"
     if name not in PROFILES:
         raise ValueError(f"profile: unknown profile {name!r} (choose from {', '.join(PROFILES)})")
@@ -178,7 +215,11 @@ def build_reasoner(profile: Profile, need_draft: bool = True, need_judge: bool =
     # torch pool per process (a second one slows the first: see backends.portable).
     same = profile.judge is not None and profile.judge == profile.target
     judge = (target if same else make_engine(profile.judge)) if (need_judge and profile.judge) else None
-    return LookaheadReasoner(target, draft, judge, defaults=profile.options, reasoning_parser=profile.reasoning_parser)
+    methods = profile.target_sd_methods()
+    if methods is not None and draft is None:  # not started (need_draft False): no draft-model SD in this process
+        methods.pop("draft_model", None)
+    return LookaheadReasoner(target, draft, judge, defaults=profile.options, reasoning_parser=profile.reasoning_parser,
+                             sd_methods=methods)
 
 
 def build_reasoner_for(profile: Profile, opts: LROptions, modes):

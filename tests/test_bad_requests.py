@@ -73,6 +73,10 @@ CASES = [
     Case("max_step_tokens zero", {"max_step_tokens": 0}, _e("max_step_tokens")),
     Case("width zero", {"width": 0}, _e("width")),
     Case("empty stop string", {"stop": [""]}, _e("stop")),
+    Case("unknown SD method", {"sd_method": "tree"}, _e("sd_method"), channels=("cli", "grpc", "http", "openai")),
+    Case("sd_tokens zero", {"sd_tokens": 0}, _e("sd_tokens"), channels=("cli", "grpc", "http", "openai")),
+    Case("more Medusa tokens than heads", {"sd_method": "medusa", "sd_tokens": 9}, _e("sd_tokens"),
+         channels=("cli", "grpc", "http", "openai")),
     # The Python API takes parsed messages, so JSON syntax is the caller's business there.
     Case("messages not JSON", {"text_input": None, "messages": "[{role: user"}, _e("messages"),
          channels=("cli", "grpc", "http", "openai")),
@@ -123,7 +127,7 @@ def _cli_args(req: dict) -> list[str]:
     flags = {"text_input": "--prompt", "messages": "--messages", "max_tokens": "--max-tokens", "gamma": "--gamma",
              "mode": "--mode", "judge": "--judge", "temperature": "--temperature", "top_p": "--top-p",
              "top_k": "--top-k", "seed": "--seed", "delimiter": "--delimiter", "max_step_tokens": "--max-step-tokens",
-             "width": "--width"}
+             "width": "--width", "sd_method": "--sd-method", "sd_tokens": "--sd-tokens"}
     args = []
     for k, v in req.items():
         if k == "stop":

@@ -288,3 +288,54 @@ def test_committed_demo_head_beats_an_untrained_head(tmp_path):
         out[name] = ([r.token_ids for r in res], sum(len(r.token_ids) for r in res) / forwards)
     assert out["trained"][0] == out["untrained"][0]
     assert out["trained"][1] > out["untrained"][1] + 1.0, out
+
+
+def test_a_profile_defaulting_to_eagle3_or_medusa_needs_the_heads(tmp_path):
+    """A profile whose default target_spec needs heads its target lacks is refused when it loads, naming the
+    field; with the head folder it loads (what README's profile example does)."""
+    import yaml
+
+    from lookahead_reasoning.profiles import load_profile
+
+    base = {"name": "p", "target": {"path": "demo/target", "dtype": "float32"},
+            "draft": {"path": "demo/draft", "dtype": "float32"}, "judge": {"path": "demo/judge", "dtype": "float32"},
+            "options": {"judge": {"name": "llm"}}}
+    for method, key, folder in (("eagle3", "eagle3", "demo/target-eagle3"), ("medusa", "medusa", "demo/target-medusa")):
+        data = {**base, "options": {**base["options"], "target_spec": {"method": method, "num_speculative_tokens": 4}}}
+        path = tmp_path / f"{method}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        with pytest.raises(ValueError, match=f"options.target_spec.method: '{method}' needs target.{key}"):
+            load_profile(config=str(path))
+        data["target"] = {**data["target"], key: folder}
+        path.write_text(yaml.safe_dump(data))
+        assert load_profile(config=str(path)).options.target_spec.method == method
+
+
+def test_a_request_picks_the_sd_method_and_output_stays_ar():
+    """sd_method / sd_tokens on a request choose the drafter inside the target's calls (the one request boundary
+    every front shares): greedy sd with EAGLE-3 and with Medusa answers exactly as ar, with the method's counters;
+    a method the target cannot run, or more Medusa tokens than heads, is refused naming the field."""
+    from lookahead_reasoning.core.errors import FieldError
+    from lookahead_reasoning.core.request import LRRequest
+    from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
+
+    profile = load_profile("demo")
+    reasoner = build_reasoner(profile, need_judge=False)
+    prompt = "Max buys 4 cups. Each one costs $3. How much does he pay?"
+    try:
+        ar = reasoner.run(prompt, options=LRRequest(prompt=prompt, mode="ar", max_tokens=60).options(profile.options))
+        for method in ("eagle3", "medusa"):
+            opts = LRRequest(prompt=prompt, mode="sd", max_tokens=60, sd_method=method).options(profile.options)
+            assert opts.target_spec.method == method
+            res = reasoner.run(prompt, options=opts)
+            assert res.text == ar.text
+            assert res.metrics.target.accepted_tokens > 0
+        opts = LRRequest(prompt=prompt, mode="sd", sd_method="medusa", sd_tokens=9).options(profile.options)
+        with pytest.raises(FieldError, match="sd_tokens"):
+            reasoner.run(prompt, options=opts)
+        reasoner.sd_methods.pop("eagle3")  # as for a target without an EAGLE-3 head
+        opts = LRRequest(prompt=prompt, mode="lr+sd", sd_method="eagle3").options(profile.options)
+        with pytest.raises(FieldError, match="sd_method"):
+            reasoner.run(prompt, options=opts)
+    finally:
+        close_reasoner(reasoner)

@@ -41,6 +41,10 @@ class SamplingParams(BaseModel):
         return self.temperature == 0.0
 
 
+#: Token-level speculative decoding methods (``SpecDecodeConfig.method``).
+SdMethod = Literal["none", "ngram", "draft_model", "medusa", "eagle3"]
+
+
 class SpecDecodeConfig(BaseModel):
     """Token-level speculative decoding inside one generation.
 
@@ -64,7 +68,7 @@ class SpecDecodeConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: Literal["none", "ngram", "draft_model", "medusa", "eagle3"] = "none"
+    method: SdMethod = "none"
     num_speculative_tokens: int = Field(0, ge=0, le=64)
     schedule: Literal["heuristic", "constant"] = "heuristic"
     prompt_lookup_max: int = Field(2, ge=1)

@@ -229,17 +229,22 @@ class LookaheadReasoner:
         judges: the judges this reasoner serves, built now (the embedding judge's model loads here, not at a
             request); a request for another is refused naming ``judge``. None: any judge, built at first use
             (one process, one user: the CLI and ``eval``).
+        sd_methods: the token-level SD methods the target runs, each with the most tokens a proposal may have
+            (:meth:`lookahead_reasoning.profiles.Profile.target_sd_methods`); an ``sd`` / ``lr+sd`` request asking
+            for another is refused naming ``sd_method`` (or ``sd_tokens``). None: not checked here.
     """
 
     def __init__(self, target: Engine, draft: Engine | None = None, judge: Engine | None = None,
                  defaults: LROptions | None = None, use_chat_template: bool = True,
-                 reasoning_parser: ReasoningParser = "none", judges: Sequence[str] | None = None) -> None:
+                 reasoning_parser: ReasoningParser = "none", judges: Sequence[str] | None = None,
+                 sd_methods: dict[str, int] | None = None) -> None:
         self.target, self.draft, self.judge_engine = target, draft, judge
         self.reasoning_parser = reasoning_parser
         self.defaults = defaults or LROptions()
         self.use_chat_template = use_chat_template
         self._verifiers: dict[tuple, Verifier] = {}
         self.judges = tuple(judges) if judges is not None else None
+        self.sd_methods = dict(sd_methods) if sd_methods is not None else None
         for name in self.judges or ():
             self.verifier(self.defaults.judge.model_copy(update={"name": name}))
         self._controllers: dict[tuple[int, int, int], AdaptiveGamma] = {}
@@ -318,6 +323,14 @@ class LookaheadReasoner:
         draft_prompt = None
         if opts.speculative:
             draft_prompt = target_prompt if self.shared_tokenizer else self.prompt_ids(self.draft, prompt, messages)
+        spec = opts.target_spec
+        if opts.mode in ("sd", "lr+sd") and self.sd_methods is not None and spec.method != "none":
+            if spec.method not in self.sd_methods:
+                raise FieldError("sd_method", f"{spec.method!r} is not served here (served: "
+                                              f"{', '.join(self.sd_methods)})")
+            if spec.num_speculative_tokens > self.sd_methods[spec.method]:
+                raise FieldError("sd_tokens", f"{spec.num_speculative_tokens} is more than {spec.method} proposes "
+                                              f"here ({self.sd_methods[spec.method]})")
         if opts.sampling.top_k > self.target.vocab_size:
             raise FieldError("top_k", f"{opts.sampling.top_k} exceeds the vocabulary size {self.target.vocab_size}")
         if len(target_prompt) >= self.target.context_length:

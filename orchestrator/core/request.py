@@ -25,14 +25,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
+from ..backends.base import SdMethod
 from .errors import FieldError, describe, field_path, from_validation
 from .lookahead import MODES, LROptions, Message, Mode, check_input, with_overrides
 from .steps import StopTrimmer
 from .verifiers import JUDGES, JudgeName
+
+SD_METHODS: tuple[str, ...] = get_args(SdMethod)
 
 Front = Literal["cli", "triton", "openai", "python"]
 
@@ -91,6 +94,11 @@ FIELDS: tuple[RequestField, ...] = (
                  'step delimiter (default "\\n\\n"; escapes like \\n allowed on the command line)'),
     RequestField("max_step_tokens", "INT64", False, "max_step_tokens", "--max-step-tokens", "max_step_tokens",
                  "tokens per step at most"),
+    RequestField("sd_method", "STRING", False, "sd_method", "--sd-method", "sd_method",
+                 "token-level SD inside the target's calls (sd, lr+sd): " + " | ".join(SD_METHODS)
+                 + " (default: the profile's; medusa / eagle3 need the target's heads, draft_model a draft)"),
+    RequestField("sd_tokens", "INT64", False, "sd_tokens", "--sd-tokens", "sd_tokens",
+                 "tokens per SD proposal, 1..64 (default: the profile's)"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 #: Input tensors of the ``lookahead_reasoning`` model, in ``config.pbtxt`` order.
@@ -129,6 +137,8 @@ class LRRequest(BaseModel):
     width: Int64 | None = None
     delimiter: StrictStr | None = None
     max_step_tokens: Int64 | None = None
+    sd_method: SdMethod | None = None
+    sd_tokens: Annotated[int, Field(ge=1, le=64)] | None = None
 
     def chat(self) -> list[dict] | None:
         """The messages as plain dicts (what the engines' chat templates take), or None."""
@@ -150,10 +160,16 @@ class LRRequest(BaseModel):
         judge = defaults.judge.model_dump()
         if self.judge is not None:
             judge["name"] = self.judge
+        target_spec = None
+        if self.sd_method is not None or self.sd_tokens is not None:
+            target_spec = defaults.target_spec.model_dump()
+            target_spec.update({k: v for k, v in (("method", self.sd_method), ("num_speculative_tokens", self.sd_tokens))
+                                if v is not None})
         return with_overrides(
             defaults, mode=self.mode, gamma=self.gamma, max_tokens=self.max_tokens, width=self.width,
             async_mode=self.async_mode, adaptive_gamma=self.adaptive_gamma,
-            stop=tuple(self.stop) if self.stop is not None else None, sampling=sampling, step=step, judge=judge)
+            stop=tuple(self.stop) if self.stop is not None else None, sampling=sampling, step=step, judge=judge,
+            target_spec=target_spec)
 
 
 @dataclass(frozen=True)

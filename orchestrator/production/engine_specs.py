@@ -14,8 +14,9 @@ Runtimes (``runtime``):
   ModelOpt checkpoints, ``KvCacheConfig(dtype="fp8")``, EAGLE3 / n-gram / draft-target drafting.
 - ``trt-engine``: the legacy TensorRT engine path of TensorRT-LLM <= 1.2.x (``quantize.py`` /
   ``convert_checkpoint.py`` then ``trtllm-build``); the only one with Medusa heads.
-- ``portable``: our PyTorch/transformers engine (CPU or one GPU): n-gram / draft-model drafting only, no FP8
-  KV cache, no tensor or pipeline parallelism.
+- ``portable``: our PyTorch/transformers engine (CPU or one GPU): n-gram / draft-model drafting from an engine
+  spec (the engine also runs Medusa and EAGLE-3 heads, but takes them from a profile's ``medusa:`` / ``eagle3:``
+  fields, not from engine specs), no FP8 KV cache, no tensor or pipeline parallelism.
 
 Which drafting method runs where (upstream: ``tensorrt_llm/llmapi/llm_args.py``, each decoding config's
 ``supports_backend``; docs ``features/speculative-decoding.md``):

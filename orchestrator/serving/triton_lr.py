@@ -108,7 +108,8 @@ class LookaheadReasoningModel:
                     if float(params.get(k) or 0) > 0}
         defaults = p.options.model_copy(update=timeouts) if timeouts else p.options
         self.profile = p.model_copy(update={"options": defaults})
-        self.reasoner = LookaheadReasoner(target, draft, judge, defaults=defaults, judges=p.served_judges())
+        self.reasoner = LookaheadReasoner(target, draft, judge, defaults=defaults, judges=p.served_judges(),
+                                          sd_methods=p.target_sd_methods())
         self.limits = Limits(max_tokens=int(params.get("max_tokens_limit") or 4096),
                              max_prompt_bytes=int(params.get("max_prompt_bytes") or 65536),
                              max_gamma=p.max_gamma_cap)
