@@ -75,7 +75,8 @@ CASES = [
     Case("empty stop string", {"stop": [""]}, _e("stop")),
     Case("unknown SD method", {"sd_method": "tree"}, _e("sd_method"), channels=("cli", "grpc", "http", "openai")),
     Case("sd_tokens zero", {"sd_tokens": 0}, _e("sd_tokens"), channels=("cli", "grpc", "http", "openai")),
-    Case("more Medusa tokens than heads", {"sd_method": "medusa", "sd_tokens": 9}, _e("sd_tokens"),
+    # the test profile's target has no heads (too many Medusa tokens: tests/test_eagle.py, in-process)
+    Case("SD method the target cannot run", {"sd_method": "medusa"}, _e("sd_method"),
          channels=("cli", "grpc", "http", "openai")),
     # The Python API takes parsed messages, so JSON syntax is the caller's business there.
     Case("messages not JSON", {"text_input": None, "messages": "[{role: user"}, _e("messages"),
