@@ -223,3 +223,65 @@ def series(samples: dict[str, float], name: str, **labels: str) -> float:
         if head == name and dict(re.findall(r'(\w+)="([^"]*)"', rest)) == want:
             return value
     return 0.0
+
+
+def check_sampling_keeps_target_distribution(spec, **engine_kwargs) -> None:
+    """Sample the first 3 tokens over 3,000 seeds through the demo target with token-level SD ``spec`` (engine built
+    with ``engine_kwargs``: the heads), and compare the joint distribution with the exact target distribution
+    (top-k 3, temperature 1.5) computed from the model: chi-square goodness of fit. Also checks that proposals were
+    both accepted and rejected."""
+    import torch
+    from scipy.stats import chisquare
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
+    from lookahead_reasoning.backends.portable import PortableEngine
+
+    model_dir = str(DEMO / "target")
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = tok.apply_chat_template([{"role": "user", "content": "Max buys 4 cups. Each one costs $3. How much?"}],
+                                   add_generation_prompt=True, tokenize=False)
+    prompt = tok.encode(text, add_special_tokens=False)
+    topk, temp = 3, 1.5
+
+    def dist(ids):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1] / temp
+        v, i = logits.topk(topk)
+        return dict(zip(i.tolist(), torch.softmax(v, -1).tolist()))
+
+    eng = PortableEngine.from_pretrained(model_dir, num_threads=1, dtype="float32", prefix_cache=False, **engine_kwargs)
+    try:
+        n = 3000
+        sampling = [SamplingParams(temperature=temp, top_k=topk, seed=s) for s in range(n)]
+        results = eng.generate([GenerationRequest(prompt, 3, sampling=p, spec=spec) for p in sampling])
+        eos = set(eng.eos_token_ids)
+    finally:
+        eng.close()
+    accepted = sum(r.counters.accepted_tokens for r in results)
+    assert 0.1 * n < accepted < sum(r.counters.drafted_tokens for r in results)  # accepted and rejected both ran
+    counts: dict[tuple[int, ...], int] = {}
+    for r in results:
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+    expected: dict[tuple[int, ...], float] = {}  # exact probability of each path of 3 tokens (or fewer, to EOS)
+
+    def walk(path: tuple[int, ...], prob: float) -> None:
+        if len(path) == 3 or (path and path[-1] in eos):
+            expected[path] = prob
+            return
+        for t, pt in dist(prompt + list(path)).items():
+            walk(path + (t,), prob * pt)
+
+    walk((), 1.0)
+    assert set(counts) <= set(expected)
+    cells = sorted(expected)
+    exp = [n * expected[c] for c in cells]
+    obs = [counts.get(c, 0) for c in cells]
+    big = [i for i, e in enumerate(exp) if e >= 5]  # chi-square needs expected counts >= 5; pool the rest
+    assert len(big) >= 4
+    obs_b, exp_b = [obs[i] for i in big], [exp[i] for i in big]
+    if n - sum(exp_b) > 1e-6:
+        obs_b.append(n - sum(obs_b))
+        exp_b.append(n - sum(exp_b))
+    assert chisquare(obs_b, exp_b).pvalue > 1e-3

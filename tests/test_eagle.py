@@ -9,14 +9,13 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from scipy.stats import chisquare
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
+from lookahead_reasoning.backends.base import GenerationRequest, SpecDecodeConfig
 from lookahead_reasoning.backends.eagle import WEIGHTS, Eagle3Head
 from lookahead_reasoning.backends.portable import PortableEngine
 
-from conftest import DEMO, build_tiny_model, cut_at_eos, greedy_reference
+from conftest import DEMO, build_tiny_model, check_sampling_keeps_target_distribution, cut_at_eos, greedy_reference
 
 EAGLE = SpecDecodeConfig(method="eagle3", num_speculative_tokens=3)
 MEDUSA = SpecDecodeConfig(method="medusa", num_speculative_tokens=3)
@@ -109,56 +108,8 @@ def test_eagle_medusa_and_plain_rows_share_a_batch(setup):
 def test_eagle_sampling_keeps_the_target_distribution(tmp_path_factory):
     """The joint distribution of the first 3 sampled tokens over 3,000 seeds, drawn through the demo target's EAGLE-3
     head, against the exact target distribution (top-k 3, temperature 1.5): chi-square goodness of fit."""
-    model_dir = str(DEMO / "target")
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    text = tok.apply_chat_template([{"role": "user", "content": "Max buys 4 cups. Each one costs $3. How much?"}],
-                                   add_generation_prompt=True, tokenize=False)
-    prompt = tok.encode(text, add_special_tokens=False)
-    topk, temp = 3, 1.5
-
-    def dist(ids):
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, -1] / temp
-        v, i = logits.topk(topk)
-        return dict(zip(i.tolist(), torch.softmax(v, -1).tolist()))
-
-    eng = PortableEngine.from_pretrained(model_dir, num_threads=1, dtype="float32", prefix_cache=False,
-                                         eagle3_head=str(demo_head(tmp_path_factory)))
-    try:
-        n = 3000
-        spec = SpecDecodeConfig(method="eagle3", num_speculative_tokens=3, schedule="constant")
-        sampling = [SamplingParams(temperature=temp, top_k=topk, seed=s) for s in range(n)]
-        results = eng.generate([GenerationRequest(prompt, 3, sampling=p, spec=spec) for p in sampling])
-        eos = set(eng.eos_token_ids)
-    finally:
-        eng.close()
-    accepted = sum(r.counters.accepted_tokens for r in results)
-    assert 0.1 * n < accepted < sum(r.counters.drafted_tokens for r in results)  # accepted and rejected both ran
-    counts: dict[tuple[int, ...], int] = {}
-    for r in results:
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-    expected: dict[tuple[int, ...], float] = {}
-
-    def walk(path: tuple[int, ...], prob: float) -> None:
-        if len(path) == 3 or (path and path[-1] in eos):
-            expected[path] = prob
-            return
-        for t, pt in dist(prompt + list(path)).items():
-            walk(path + (t,), prob * pt)
-
-    walk((), 1.0)
-    assert set(counts) <= set(expected)
-    cells = sorted(expected)
-    exp = [n * expected[c] for c in cells]
-    obs = [counts.get(c, 0) for c in cells]
-    big = [i for i, e in enumerate(exp) if e >= 5]
-    assert len(big) >= 4
-    obs_b, exp_b = [obs[i] for i in big], [exp[i] for i in big]
-    if n - sum(exp_b) > 1e-6:
-        obs_b.append(n - sum(obs_b))
-        exp_b.append(n - sum(exp_b))
-    assert chisquare(obs_b, exp_b).pvalue > 1e-3
+    spec = SpecDecodeConfig(method="eagle3", num_speculative_tokens=3, schedule="constant")
+    check_sampling_keeps_target_distribution(spec, eagle3_head=str(demo_head(tmp_path_factory)))
 
 
 def test_head_is_saved_in_the_eagle3_layout(tiny4, tmp_path):
