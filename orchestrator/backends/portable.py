@@ -15,33 +15,29 @@ What it does per engine instance (one background scheduler thread):
   on the target's last hidden state, or an EAGLE-3 head on three of its inner layers), verified inside the same
   batched forward (see :mod:`.spec_decode`).
 
-The engine is the scheduler: what enters the batch, what each forward holds, verification of the SD
-proposals, stop strings and completion. :class:`~.model_runner.ModelRunner` loads the model, picks its dtype
+The engine is the model side of :class:`~.scheduler.BatchScheduler` (request groups, the scheduler thread,
+verification of the SD proposals, stop strings and completion, shared with the llama.cpp backend): what each
+forward holds and the KV caches. :class:`~.model_runner.ModelRunner` loads the model, picks its dtype
 and runs the forwards; the proposers are in :mod:`.spec_decode`, the caches in :mod:`.kv_cache`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .base import (FutureEngineMixin, GenerationCounters, GenerationRequest, GenerationResult, RequestGroup,
-                   validate_request)
+from .base import GenerationRequest, validate_request
 from .kv_cache import BatchKVCache, PrefixCache
 from .eagle import Eagle3Head, Eagle3Proposer
 from .medusa import MedusaHeads, MedusaProposer
 from .model_runner import DtypeChoice, ModelRunner
-from .spec_decode import (DraftModelProposer, NgramProposer, ProposalRow, Proposer, greedy_accepted, make_warpers,
-                          verify)
+from .scheduler import BatchScheduler, Seq
+from .spec_decode import DraftModelProposer, NgramProposer, Proposer
 from .tokenizer import TokenizerAccess
 
 log = logging.getLogger(__name__)
@@ -92,50 +88,7 @@ class PortableEngineConfig(BaseModel):
         return self
 
 
-@dataclass
-class _Group:
-    """The requests of one submit() call: ``future`` resolves when all are done, ``items[i]`` when request
-    ``i`` is (cancelled requests resolve with their partial result, finish reason ``cancelled``)."""
-
-    future: Future
-    results: list[GenerationResult | None]
-    remaining: int
-    items: list[Future] = field(default_factory=list)
-    seqs: list["_Seq"] = field(default_factory=list)
-    cancelled: bool = False
-
-
-@dataclass
-class _Seq:
-    req: GenerationRequest
-    group: _Group
-    index: int
-    tokens: list[int]  # prompt + generated; KV exists for tokens[:-1] once admitted
-    n_prompt: int
-    t_submit: float
-    counters: GenerationCounters = field(default_factory=GenerationCounters)
-    warpers: object = None
-    generator: torch.Generator | None = None
-    stop_chars: int = 0  # longest stop string, characters
-    finish: str | None = None
-    cancelled: bool = False
-    stop_offsets: list[int] = field(default_factory=list)  # generated-token counts at each completed stop
-    spec_k: int = 0  # speculative slots this sequence uses next (SpecDecodeConfig.schedule)
-    collect_probs: bool = False
-    probs: list = field(default_factory=list)
-    features: torch.Tensor | None = None  # [n, F] at the last n committed positions (methods reading features)
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.n_prompt:]
-
-    @property
-    def stopped(self) -> bool:
-        """Cancelled, alone or with its whole group."""
-        return self.cancelled or self.group.cancelled
-
-
-class PortableEngine(FutureEngineMixin, TokenizerAccess):
+class PortableEngine(BatchScheduler, TokenizerAccess):
     """Batch generation engine over a transformers causal LM (see module docstring).
 
     Args:
@@ -156,31 +109,21 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                  model=None) -> None:
         self.config = config
         self.draft_engine = draft_engine
-        self._proposers: dict[str, Proposer] = {"ngram": NgramProposer()}
-        if draft_engine is not None:
-            self._proposers["draft_model"] = DraftModelProposer(draft_engine)
+        self.max_batch_size = config.max_batch_size
         self.device = torch.device(config.device)
-        self._running: list[_Seq] = []
-        self._pending: list[_Seq] = []
-        self._cv = threading.Condition()
-        self._closed = False
-        self.stats = GenerationCounters()  # totals over the engine's life
-        # With record_steps: (rows, new positions per row, seconds) per decode step, and per prefill forward.
-        self.step_seconds: list[tuple[int, int, float]] = []
-        self.prefill_seconds: list[tuple[int, int, float]] = []
-        self.record_steps = False
+        proposers: dict[str, Proposer] = {"ngram": NgramProposer()}
+        if draft_engine is not None:
+            proposers["draft_model"] = DraftModelProposer(draft_engine)
         # The scheduler thread loads the model, picks the dtype and runs every forward: torch's OpenMP pool
         # belongs to the thread that starts it, and a thread computing after another thread's pool has run
         # gets ~0.55x the speed (SmolLM2 decode, 2 threads: 30 ms per step in the loading thread, 54 ms in
         # another). Errors while loading are raised here.
-        ready: Future = Future()
-        self._thread = threading.Thread(target=self._loop, args=(model, ready), name=f"engine-{id(self):x}",
-                                        daemon=True)
-        self._thread.start()
-        ready.result()
+        self._start_scheduler(model, proposers)
 
     def _setup(self, model) -> None:
         """Load the model and build the caches (runs in the scheduler thread)."""
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
         self.runner = ModelRunner(self.config, model)
         mc = self.runner.model.config
         self._load_tokenizer(self.config.model, mc, getattr(self.runner.model, "generation_config", None))
@@ -259,148 +202,20 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
                 raise ValueError(f"spec.num_speculative_tokens: {req.spec.num_speculative_tokens} is more than the "
                                  f"engine's {self.medusa.num_heads} Medusa heads")
 
-    def submit(self, requests: Sequence[GenerationRequest], collect_probs: bool = False) -> Future:
-        """Queue ``requests``; the returned future resolves to their results in order.
-
-        ``collect_probs`` (internal, for draft-model proposals): sampled requests return the distribution
-        each token was drawn from in ``GenerationResult.token_probs`` and get no speculation of their own.
-
-        Raises:
-            ValueError: an invalid request (nothing is queued then); RuntimeError if the engine is closed.
-        """
-        requests = list(requests)
-        for req in requests:
-            self.validate(req)
-        fut: Future = Future()
-        group = _Group(fut, [None] * len(requests), len(requests), [Future() for _ in requests])
-        if not requests:
-            fut.set_result([])
-            return fut
-        now = time.perf_counter()
-        seqs = [_Seq(req, group, i, list(req.prompt_ids), len(req.prompt_ids), now) for i, req in enumerate(requests)]
-        group.seqs = seqs
-        for s in seqs:
-            s.stop_chars = max((len(x) for x in s.req.stop), default=0)
-            s.spec_k = s.req.spec.num_speculative_tokens
-            s.collect_probs = collect_probs and not s.req.sampling.greedy
-            s.warpers = make_warpers(s.req.sampling)
-            if not s.req.sampling.greedy:
-                s.generator = torch.Generator(device="cpu")
-                if s.req.sampling.seed is not None:
-                    s.generator.manual_seed(s.req.sampling.seed)
-                else:
-                    s.generator.seed()
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("engine is closed")
-            self._pending.extend(seqs)
-            self._cv.notify()
-        fut.group = group  # type: ignore[attr-defined]
-        return fut
-
-    def cancel(self, fut: Future, indices: Sequence[int] | None = None) -> None:
-        """Stop the requests of a submitted group (only those at ``indices``, when given); their rows and KV are
-        released at the next step and each resolves with its partial result (finish reason ``cancelled``)."""
-        group = getattr(fut, "group", None)
-        if group is not None:
-            with self._cv:
-                if indices is None:
-                    group.cancelled = True
-                else:
-                    for i in indices:
-                        group.seqs[i].cancelled = True
-                self._cv.notify()
-
-    def start(self, requests: Sequence[GenerationRequest]) -> RequestGroup:
-        """Submit ``requests`` from a running event loop; each request's result can be awaited on its own and
-        any of them cancelled (see :class:`~.base.RequestGroup`).
-
-        Raises:
-            ValueError: an invalid request (nothing is queued); RuntimeError if the engine is closed.
-        """
-        loop = asyncio.get_running_loop()
-        fut = self.submit(requests)
-        items = [asyncio.wrap_future(f, loop=loop) for f in getattr(fut, "group").items] if requests else []
-        return RequestGroup(items, lambda idx: self.cancel(fut, idx))
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout=10)
-
-    def reset_prefix_cache(self) -> None:
-        with self._cv:
-            self.prefix_cache.clear()
-
-    @property
-    def active_sequences(self) -> int:
-        """Rows in the running batch plus queued sequences."""
-        return len(self._running) + len(self._pending)
-
-    # -- scheduler -------------------------------------------------------------------------------------
-    def _loop(self, model, ready: Future) -> None:
-        if self.config.num_threads:
-            torch.set_num_threads(self.config.num_threads)
-        try:
-            self._setup(model)
-        except BaseException as exc:  # noqa: BLE001 - handed to the constructor
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
-        with torch.inference_mode():
-            self._serve()
-
-    def _serve(self) -> None:
-        while True:
-            with self._cv:
-                while not self._closed and not self._pending and not self._running:
-                    self._cv.wait()
-                if self._closed:
-                    break
-                room = self.config.max_batch_size - len(self._running)
-                new, self._pending = self._pending[:room], self._pending[room:]
-            try:
-                self._drop_cancelled()
-                for s in [s for s in new if s.stopped]:
-                    s.finish = "cancelled"
-                    self._complete(s)
-                new = [s for s in new if not s.stopped]
-                if new:
-                    self._admit(new)
-                if self._running:
-                    self._step()
-            except Exception as exc:  # keep serving: fail only the affected groups
-                log.exception("engine step failed")
-                self._fail_all(exc, new)
-        with self._cv:
-            for s in self._pending + self._running:
-                _fail(s.group, RuntimeError("engine closed"))
-
-    def _fail_all(self, exc: Exception, new: list[_Seq]) -> None:
-        groups = {id(s.group): s.group for s in self._running + new}
-        for g in groups.values():
-            _fail(g, exc)
-        self._running = []
+    def _reset_batch(self) -> None:
+        """After a failed step: an empty running cache (the failed rows' KV is dropped)."""
         if self.config.static_cache:
             while self._cache.rows:
                 self._cache.remove_row(self._cache.rows - 1)
         else:
             self._cache = self.runner.new_cache()
 
-    def _drop_cancelled(self) -> None:
-        for s in [s for s in self._running if s.stopped]:
-            s.finish = "cancelled"
-            self._release(s)
+    def reset_prefix_cache(self) -> None:
         with self._cv:
-            gone = [s for s in self._pending if s.stopped]
-            self._pending = [s for s in self._pending if not s.stopped]
-        for s in gone:
-            s.finish = "cancelled"
-            self._complete(s)
+            self.prefix_cache.clear()
 
     # -- admission (prefill) ---------------------------------------------------------------------------
-    def _admit(self, new: list[_Seq]) -> None:
+    def _admit(self, new: list[Seq]) -> None:
         use_cache = self.config.prefix_cache
         now = time.perf_counter()
         for s in new:
@@ -443,7 +258,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             s.counters.prefill_tokens_computed += 1  # the last prompt token, fed by the first step
         self._merge(group, new)
 
-    def _prefill_shared(self, new: list[_Seq], prefixes: list[tuple[int, ...]]) -> None:
+    def _prefill_shared(self, new: list[Seq], prefixes: list[tuple[int, ...]]) -> None:
         """Prefill, once and in one row, what the new prompts share, if it is not cached yet.
 
         ``prefixes`` are sorted by length. When each is a prefix of the longest (the target's branches of a
@@ -470,7 +285,7 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self.prefix_cache.insert(lcp, tmp.row_kv(0))
         new[-1].counters.prefill_tokens_computed += len(suffix)  # the longest prompt: the others reuse it
 
-    def _merge(self, group: BatchKVCache, seqs: list[_Seq]) -> None:
+    def _merge(self, group: BatchKVCache, seqs: list[Seq]) -> None:
         if not self._running and not self.config.static_cache:
             self._cache = group
             self._running = list(seqs)
@@ -489,34 +304,6 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         return out
 
     # -- decoding --------------------------------------------------------------------------------------
-    def _proposals(self) -> list[tuple[list[int], torch.Tensor | None]]:
-        """``(tokens, draft probabilities or None)`` per running row: each row's proposer (by its ``spec.method``)
-        is asked once per step for the rows that use it (:mod:`.spec_decode`)."""
-        props: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * len(self._running)
-        groups: dict[str, list[tuple[int, ProposalRow]]] = {}
-        for r, s in enumerate(self._running):
-            spec = s.req.spec
-            if not spec.enabled or s.collect_probs:
-                continue
-            room = min(
-                s.spec_k,
-                s.req.max_new_tokens - len(s.generated) - 1,
-                self._context - len(s.tokens) - 1,
-            )
-            if room <= 0:
-                continue
-            sampling = s.req.sampling
-            if spec.method == "draft_model" and not sampling.greedy:  # a seed per row, from the row's generator
-                seed = int(torch.randint(0, 2**31 - 1, (), generator=s.generator))
-                sampling = sampling.model_copy(update={"seed": seed})
-            cols = self._feature_cols.get(spec.method)
-            features = s.features[:, cols] if cols is not None and s.features is not None else None
-            groups.setdefault(spec.method, []).append((r, ProposalRow(s.tokens, room, spec, sampling, features)))
-        for method, rows in groups.items():
-            for (r, _), prop in zip(rows, self._proposers[method].propose([row for _, row in rows])):
-                props[r] = (prop.tokens, prop.probs)
-        return props
-
     def _step(self) -> None:
         """One decoding forward for the whole running batch, every row's SD proposals included.
 
@@ -528,52 +315,17 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         t0 = time.perf_counter()
         seqs = self._running
         props = self._proposals()
-        n_props = [len(p) for p, _ in props]
-        width = 1 + max(n_props)
+        width = 1 + max(len(p) for p, _ in props)
         if self.runner.graphs is not None:  # pad up to a captured width (extra positions are invalid padding)
             width = next((w for w in self.runner.graphs.widths if w >= width), width)
-        b = len(seqs)
-        ids = torch.tensor([[s.tokens[-1]] + p + [self._pad] * (width - 1 - len(p)) for s, (p, _) in zip(seqs, props)],
-                           dtype=torch.long)
-        cols = torch.arange(width)
-        real = cols[None] <= torch.tensor(n_props)[:, None]
-        pos = torch.tensor([len(s.tokens) - 1 for s in seqs])[:, None] + cols[None]
+        ids, real, pos = self._step_inputs(props, width)
         start_slot = self._cache.length
         feat = [r for r, s in enumerate(seqs) if s.req.spec.method in self._feature_cols]
         if feat:  # the rows' next proposals read the features of the positions they commit now
             logits, hidden = self._forward(self._cache, ids, pos, real, logits=True, hidden=True)
         else:
             logits = self._forward(self._cache, ids, pos, real, logits=True)
-        greedy = [r for r, s in enumerate(seqs) if s.req.sampling.greedy]
-        best = logits.argmax(dim=-1).cpu() if greedy else None
-        accepted = greedy_accepted(ids[:, 1:], real[:, 1:], best[:, :-1]).tolist() if greedy else [0] * b
-        best = best.tolist() if greedy else None
-        sampled = [r for r, s in enumerate(seqs) if not s.req.sampling.greedy]
-        sampled_logits = dict(zip(sampled, logits[sampled].float().cpu())) if sampled else {}
-        kept = [0] * b  # new slots whose KV stays valid (the fed last token plus the tokens appended after it)
-        finished = []
-        for r, (s, (p, q)) in enumerate(zip(seqs, props)):
-            k = n_props[r]
-            if s.req.sampling.greedy:
-                acc = accepted[r]
-                tokens, probs = p[:acc] + [best[r][acc]], None
-            else:
-                verdict = verify(p, sampled_logits[r][: k + 1], s.req.sampling, s.warpers, s.generator, q)
-                acc, tokens, probs = verdict.accepted, verdict.tokens, verdict.probs
-            if s.collect_probs:
-                s.probs.append(probs[-1:])
-            s.counters.forward_passes += 1
-            s.counters.forward_positions += width
-            if k and s.req.spec.schedule == "heuristic":  # transformers' num_assistant_tokens_schedule
-                full = s.req.spec.num_speculative_tokens
-                s.spec_k = min(full, s.spec_k + 2) if acc == k else max(1, s.spec_k - 1)
-            for tok in tokens:
-                kept[r] += 1
-                if self._append(s, tok):
-                    finished.append(s)
-                    break
-            # Only proposals that reach the output count as accepted (a stop, EOS or length cut drops the rest).
-            s.counters.count_proposals(k, min(acc, kept[r]))
+        kept, finished = self._commit(props, ids, real, logits)
         for r in feat:  # new slots 0 .. kept - 1 predicted the kept tokens
             s = seqs[r]
             new = hidden[r, : kept[r]]
@@ -581,44 +333,13 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
         self._cache.keep_new(start_slot, torch.tensor(kept))
         dt = time.perf_counter() - t0
         if self.record_steps:
-            self.step_seconds.append((b, width, dt))
+            self.step_seconds.append((len(seqs), width, dt))
         for s in finished:
             self._release(s)
         if self._cache.holes() > self.config.compact_slack:
             self._cache.compact()
 
-    def _append(self, s: _Seq, tok: int) -> bool:
-        """Append one token; returns True when the sequence is finished.
-
-        Stop strings are looked for in the decoded tail only: the last tokens whose text is longer than the
-        longest stop string (a stop completed by this token lies inside it), never the whole text again, and
-        never before the last completed stop (``stop_count``).
-        """
-        s.tokens.append(tok)
-        n_gen = len(s.tokens) - s.n_prompt
-        if tok in self._eos:
-            s.finish = "eos"
-            return True
-        since = n_gen - (s.stop_offsets[-1] if s.stop_offsets else 0)  # tokens since the last completed stop
-        if s.stop_chars:
-            n = min(since, s.stop_chars + 1)
-            tail = self.decode(s.tokens[-n:])
-            while len(tail) <= s.stop_chars and n < since:  # tokens that decode to little or nothing
-                n = min(since, 2 * n)
-                tail = self.decode(s.tokens[-n:])
-            if any(x in tail for x in s.req.stop):
-                s.stop_offsets.append(n_gen)
-                if len(s.stop_offsets) >= s.req.stop_count:
-                    s.finish = "stop"
-                    return True
-                since = 0
-        cap = s.req.max_tokens_per_stop
-        if n_gen >= s.req.max_new_tokens or len(s.tokens) >= self._context or (cap is not None and since >= cap):
-            s.finish = "length"
-            return True
-        return False
-
-    def _release(self, s: _Seq) -> None:
+    def _release(self, s: Seq) -> None:
         """Remove a finished or cancelled sequence from the batch, cache its KV, complete it."""
         r = self._running.index(s)
         if self.config.prefix_cache and s.finish != "cancelled":
@@ -629,27 +350,3 @@ class PortableEngine(FutureEngineMixin, TokenizerAccess):
             self._running[r] = self._running[moved]
         self._running.pop()
         self._complete(s)
-
-    def _complete(self, s: _Seq) -> None:
-        gen = s.generated
-        s.counters.seconds = time.perf_counter() - s.t_submit
-        self.stats.prefill_tokens_cached += s.counters.prefill_tokens_cached
-        self.stats.prefill_tokens_computed += s.counters.prefill_tokens_computed
-        self.stats.drafted_tokens += s.counters.drafted_tokens
-        self.stats.accepted_tokens += s.counters.accepted_tokens
-        res = GenerationResult(list(gen), self.decode(gen), s.finish or "length", s.counters,
-                               torch.cat(s.probs) if s.probs else None, list(s.stop_offsets))
-        g = s.group
-        g.results[s.index] = res
-        g.remaining -= 1
-        if not g.items[s.index].done():
-            g.items[s.index].set_result(res)
-        if g.remaining == 0 and not g.future.done():
-            g.future.set_result(g.results)
-
-
-def _fail(group: _Group, exc: Exception) -> None:
-    """Fail a group's unfinished requests and the group itself."""
-    for f in group.items + [group.future]:
-        if not f.done():
-            f.set_exception(exc)
