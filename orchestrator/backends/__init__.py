@@ -32,6 +32,12 @@ def make_engine(spec, draft_engine=None) -> Engine:
             eagle3_head=str(spec.resolved_eagle3()) if spec.eagle3 else None,
         )
         return PortableEngine(cfg, draft_engine=draft_engine)
+    if spec.runtime == "llamacpp":  # a GGUF through llama.cpp; the tokenizer from the dequantised folder
+        from .llamacpp import LlamaCppEngine, LlamaCppEngineConfig
+
+        cfg = LlamaCppEngineConfig(model=str(spec.located_path()), tokenizer=str(spec.resolved_path()),
+                                   n_threads=spec.num_threads or 2, max_batch_size=spec.max_batch_size)
+        return LlamaCppEngine(cfg, draft_engine=draft_engine)
     if spec.runtime == "trtllm":  # TensorRT-LLM LLM API; settings from an engine spec (engines/*.yaml)
         from ..production.engine_specs import ENGINES_DIR, load_spec
         from .trtllm import TrtllmEngine

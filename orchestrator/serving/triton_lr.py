@@ -88,10 +88,17 @@ class LookaheadReasoningModel:
     """``TritonPythonModel`` of the ``lookahead_reasoning`` model (import it as that name in ``model.py``)."""
 
     def initialize(self, args: dict) -> None:
+        import faulthandler
+
         import triton_python_backend_utils as pb_utils
+
+        # A stub that dies of a native fault (SIGSEGV, SIGABRT, ...) leaves every thread's Python stack in the
+        # server log (the stub's stderr) instead of vanishing silently.
+        faulthandler.enable()
 
         from ..backends.triton_bls import TritonBLSEngine
         from ..core.lookahead import LookaheadReasoner
+        from ..profiles import IN_PROCESS_RUNTIMES
 
         self.pb = pb_utils
         params = model_parameters(args)
@@ -102,7 +109,7 @@ class LookaheadReasoningModel:
         target = TritonBLSEngine("target", str(p.target.resolved_path()), timeout, self.pool)
         # the draft's chain of a cycle in one call where the role model's engine can stop at the k-th delimiter
         draft = TritonBLSEngine("draft", str(p.draft.resolved_path()), timeout, self.pool,
-                                supports_stop_count=p.draft.runtime == "portable") if p.draft else None
+                                supports_stop_count=p.draft.runtime in IN_PROCESS_RUNTIMES) if p.draft else None
         judge = TritonBLSEngine("judge", str(p.judge.resolved_path()), timeout, self.pool) if p.judge else None
         timeouts = {k: float(params[k]) for k in ("judge_timeout_s", "draft_timeout_s", "target_timeout_s")
                     if float(params.get(k) or 0) > 0}

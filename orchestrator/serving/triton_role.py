@@ -28,18 +28,29 @@ def load_model_profile(params: dict[str, str]):
 
 
 def engine_dtype(engine) -> str:
-    """The dtype an engine computes in (``dtype: auto`` resolved), or ``unknown`` for backends that do not say."""
+    """The dtype an engine computes in (``dtype: auto`` resolved; llama.cpp: the GGUF's weight type, e.g. ``Q4_1``), or
+    ``unknown`` for backends that do not say."""
     choice = getattr(engine, "dtype_choice", None)
-    return choice.dtype if choice is not None else "unknown"
+    if choice is not None:
+        return choice.dtype
+    dtype = getattr(engine, "dtype", None)
+    return dtype if isinstance(dtype, str) else "unknown"
 
 
 class RoleModel:
     """``TritonPythonModel`` for a role model (import it as that name in ``model.py``)."""
 
     def initialize(self, args: dict) -> None:
+        import faulthandler
+
         import triton_python_backend_utils as pb_utils
 
+        # A stub that dies of a native fault (SIGSEGV, SIGABRT, ...) leaves every thread's Python stack in the
+        # server log (the stub's stderr) instead of vanishing silently.
+        faulthandler.enable()
+
         from ..backends import make_engine
+        from ..profiles import IN_PROCESS_RUNTIMES
 
         self.pb = pb_utils
         params = model_parameters(args)
@@ -55,7 +66,8 @@ class RoleModel:
         # own process, as the in-process reasoner does (profiles.build_reasoner) and TensorRT-LLM's Draft_Target
         # decoding runs the draft inside the target's executor.
         self.draft_engine = None
-        if self.role == "target" and spec.runtime == "portable" and getattr(profile.draft, "runtime", None) == "portable":
+        if (self.role == "target" and spec.runtime in IN_PROCESS_RUNTIMES
+                and getattr(profile.draft, "runtime", None) in IN_PROCESS_RUNTIMES):
             self.draft_engine = make_engine(profile.draft)
         self.engine = make_engine(spec, draft_engine=self.draft_engine)
         self.max_rows = int(params.get("max_rows_per_call") or ROLE_MAX_ROWS)
