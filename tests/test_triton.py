@@ -295,7 +295,8 @@ def test_greedy_output_equals_in_process(triton_server, in_process, items, mode)
 
 @pytest.mark.slow
 def test_sixteen_concurrent_streams_do_not_mix(triton_server):
-    client = TritonLRClient(triton_server.grpc_url, "grpc")
+    # a bounded wait: a request the server never answers fails this test in minutes, not after the default 600 s
+    client = TritonLRClient(triton_server.grpc_url, "grpc", timeout_s=240)
     items = load_items("synthetic", 16)
 
     async def one(item):
