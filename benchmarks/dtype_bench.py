@@ -5,7 +5,12 @@ Variants (``--variants``, the first is the baseline of every ratio):
 
 * ``float32`` / ``bfloat16`` / ``auto``: the portable engine with that ``dtype`` (``auto``: bfloat16 where the CPU has
   native bf16 matmul and the start-up micro-benchmark finds it faster);
-* ``llamacpp``: the llama.cpp runtime on the target's GGUF file as stored (the profile's target path must be a GGUF).
+* ``llamacpp``: the llama.cpp runtime on the target's GGUF file as stored (the profile's target path must be a GGUF);
+* ``llamacpp-sd``: the same engine in mode ``sd`` (our n-gram SD, the profile's ``target_spec``);
+* ``llama-cpp-python`` / ``llama-cpp-python-pld``: llama-cpp-python's own ``Llama.create_completion`` on the same
+  GGUF and the same prompt ids, greedy (``temperature=0``, ``repeat_penalty=1``), without a draft and with its
+  prompt-lookup decoding (``LlamaPromptLookupDecoding`` with the profile's ``prompt_lookup_max`` and
+  ``num_speculative_tokens``): the reference for the scheduler's per-token overhead and for our n-gram SD.
 
 Each variant's engine lives in its own worker process: torch's OpenMP pool belongs to one thread per process, and
 two multi-threaded engines in one process slow each other down (see lookahead_reasoning.backends.portable). All
@@ -42,7 +47,10 @@ from lookahead_reasoning.evaluation.answers import check_answer, extract_gsm8k
 from lookahead_reasoning.evaluation.runner import (bootstrap_speedup_ci, load_average, load_with_spare, measurement_block,
                                                    uses_chat_template)
 
-VARIANTS = ("float32", "bfloat16", "auto", "llamacpp")
+# variant -> (ModelSpec update, mode); None: llama-cpp-python itself, no engine of ours
+VARIANTS = {"float32": ({"dtype": "float32"}, "ar"), "bfloat16": ({"dtype": "bfloat16"}, "ar"),
+            "auto": ({"dtype": "auto"}, "ar"), "llamacpp": ({"runtime": "llamacpp"}, "ar"),
+            "llamacpp-sd": ({"runtime": "llamacpp"}, "sd"), "llama-cpp-python": None, "llama-cpp-python-pld": None}
 
 
 def final_answer(kind: str, text: str) -> str:
@@ -65,10 +73,12 @@ def _worker(conn, profile_name: str, config: str | None, variant: str, max_token
     from lookahead_reasoning.serving.triton_role import engine_dtype
 
     profile = load_profile(profile_name, config)
-    update = {"runtime": "llamacpp"} if variant == "llamacpp" else {"dtype": variant}
+    if VARIANTS[variant] is None:
+        return _plain_worker(conn, profile, variant, max_tokens or profile.options.max_tokens)
+    update, mode = VARIANTS[variant]
     engine = make_engine(profile.target.model_copy(update=update))
     reasoner = LookaheadReasoner(engine, None, None, defaults=profile.options)
-    opts = profile.options.model_copy(update={"mode": "ar", **({"max_tokens": max_tokens} if max_tokens else {})})
+    opts = profile.options.model_copy(update={"mode": mode, **({"max_tokens": max_tokens} if max_tokens else {})})
     choice = getattr(engine, "dtype_choice", None)
     conn.send({"dtype": engine_dtype(engine), "reason": choice.reason if choice else "GGUF weights as stored",
                "chat": uses_chat_template(reasoner), "runtime": engine.name})
@@ -87,6 +97,38 @@ def _worker(conn, profile_name: str, config: str | None, variant: str, max_token
                 engine.record_steps = False
             conn.send([s for rows, width, s in engine.step_seconds if rows == n and width == 1])
     engine.close()
+
+
+def _plain_worker(conn, profile, variant: str, max_tokens: int) -> None:
+    """llama-cpp-python's ``Llama`` in this process, with the messages of :func:`_worker` (no ``bn``)."""
+    import time
+
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    from transformers import AutoTokenizer
+
+    from lookahead_reasoning.backends.tokenizer import TokenizerAccess
+
+    spec, sd = profile.target, profile.options.target_spec
+    tok = TokenizerAccess()  # the prompt ids our engines build
+    tok.tokenizer = AutoTokenizer.from_pretrained(spec.resolved_path())
+    chat = bool(getattr(tok.tokenizer, "chat_template", None))
+    draft = (LlamaPromptLookupDecoding(max_ngram_size=sd.prompt_lookup_max, num_pred_tokens=sd.num_speculative_tokens)
+             if variant.endswith("-pld") else None)
+    llm = Llama(str(spec.located_path()), n_ctx=4096, n_threads=spec.num_threads, n_threads_batch=spec.num_threads,
+                draft_model=draft, verbose=False)
+    conn.send({"dtype": "GGUF weights as stored", "reason": "llama-cpp-python", "chat": chat,
+               "runtime": "llama-cpp-python" + (" + prompt lookup" if draft else "")})
+    while (msg := conn.recv()) is not None:
+        if msg[0] != "ask":
+            conn.send([])
+            continue
+        prompt, messages = msg[1]
+        ids = tok.apply_chat_template(messages or [{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
+        t0 = time.perf_counter()
+        out = llm.create_completion(list(ids), max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0)
+        conn.send((out["choices"][0]["text"], out["usage"]["completion_tokens"], time.perf_counter() - t0))
+    llm.close()
 
 
 def main(argv=None) -> int:
@@ -117,6 +159,7 @@ def main(argv=None) -> int:
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_worker, args=(child, args.profile, args.config, name, args.max_tokens), daemon=True)
         p.start()
+        child.close()  # a worker that dies closes the pipe: recv() raises EOFError instead of waiting forever
         conns[name], info[name] = parent, parent.recv()
         procs.append(p)
     chat = info[names[0]]["chat"]
@@ -137,14 +180,14 @@ def main(argv=None) -> int:
                 per[name]["correct"].append(check_answer(item, text))
         if rows:
             rng = random.Random(0)
-            text = " ".join(it.question for it in items)
+            text = " ".join(it.prompt or it.messages[-1]["content"] for it in items)
             from transformers import AutoTokenizer
 
             from lookahead_reasoning.profiles import load_profile
 
             tok = AutoTokenizer.from_pretrained(load_profile(args.profile, args.config).target.resolved_path())
             prompt = tok.encode(text, add_special_tokens=False)[: args.bn_context]
-            pairs = [(name, n) for name in names for n in [1] + rows]
+            pairs = [(name, n) for name in names if VARIANTS[name] is not None for n in [1] + rows]
             for name, n in pairs:  # warm-up, untimed
                 conns[name].send(("bn", prompt, n, 4))
                 conns[name].recv()
