@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .core.errors import from_validation
 from .backends.base import SpecDecodeConfig
+from .backends.openai_http import Flavor
 from .core.lookahead import LROptions
 from .core.steps import ReasoningParser
 from .core.verifiers import JUDGES, JudgeName, VerifierConfig
@@ -53,7 +54,7 @@ class ModelSpec(BaseModel):
     url: str | None = Field(None, description="server address for the openai/triton runtimes")
     spec: str | None = Field(None, description="trtllm runtime: engine spec YAML (relative to the engines directory)")
     served_model: str | None = Field(None, description="openai runtime: model name on the server (default: first listed)")
-    server_flavor: Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"] = Field(
+    server_flavor: Flavor = Field(
         "vllm", description="openai runtime: which request extensions the server accepts")
 
     @model_validator(mode="after")

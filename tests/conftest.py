@@ -112,6 +112,18 @@ def tiny_draft_dir(tmp_path_factory) -> Path:
 
 GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k_test_head20.jsonl"  # first 20 GSM8K test items (MIT)
 
+#: Bad GenerationRequest fields every engine must refuse with a ValueError naming the field (and keep serving):
+#: ``(GenerationRequest keyword arguments, field named)``.
+BAD_REQUESTS = [
+    ({"prompt_ids": []}, "prompt_ids"),
+    ({"prompt_ids": [10**6]}, "prompt_ids"),
+    ({"prompt_ids": [-1]}, "prompt_ids"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": -3}, "max_new_tokens"),
+    ({"max_new_tokens": 10**6}, "max_new_tokens"),
+    ({"stop": ("",)}, "stop"),
+]
+
 
 @pytest.fixture(scope="session")
 def gsm8k_path() -> Path:

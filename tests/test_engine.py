@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
 
-from conftest import DEMO, TEXTS, build_tiny_model, cut_at_eos, greedy_reference
+from conftest import BAD_REQUESTS, DEMO, TEXTS, build_tiny_model, cut_at_eos, greedy_reference
 
 NGRAM = SpecDecodeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3)
 DRAFT = SpecDecodeConfig(method="draft_model", num_speculative_tokens=3)
@@ -144,18 +144,7 @@ def test_sampling_is_seeded(engines, reference):
     assert other != a
 
 
-@pytest.mark.parametrize(
-    "kwargs, field",
-    [
-        ({"prompt_ids": []}, "prompt_ids"),
-        ({"prompt_ids": [10**6]}, "prompt_ids"),
-        ({"prompt_ids": [-1]}, "prompt_ids"),
-        ({"max_new_tokens": 0}, "max_new_tokens"),
-        ({"max_new_tokens": -3}, "max_new_tokens"),
-        ({"max_new_tokens": 10**6}, "max_new_tokens"),
-        ({"stop": ("",)}, "stop"),
-    ],
-)
+@pytest.mark.parametrize("kwargs, field", BAD_REQUESTS)
 def test_bad_requests_raise_and_engine_keeps_serving(engines, reference, kwargs, field):
     target, _ = engines
     base = {"prompt_ids": reference[0][0], "max_new_tokens": 8}

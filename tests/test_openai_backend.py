@@ -19,7 +19,7 @@ from lookahead_reasoning.backends.openai_http import OpenAIEngine, OpenAIEngineC
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.serving.engine_http import start_server
 
-from conftest import DEMO, TEXTS, cut_at_eos, greedy_reference
+from conftest import BAD_REQUESTS, DEMO, TEXTS, cut_at_eos, greedy_reference
 
 MODELS = ["tiny", pytest.param("demo", marks=pytest.mark.skipif(not (DEMO / "target" / "config.json").exists(),
                                                                  reason="engines/demo/target not built yet"))]
@@ -110,17 +110,7 @@ def test_sampling_is_seeded_and_matches_local(stack, reference):
     assert a == [r.token_ids for r in engine.generate(reqs)]
 
 
-@pytest.mark.parametrize(
-    "kwargs, field",
-    [
-        ({"prompt_ids": []}, "prompt_ids"),
-        ({"prompt_ids": [10**6]}, "prompt_ids"),
-        ({"prompt_ids": [-1]}, "prompt_ids"),
-        ({"max_new_tokens": 0}, "max_new_tokens"),
-        ({"max_new_tokens": 10**6}, "max_new_tokens"),
-        ({"stop": ("",)}, "stop"),
-    ],
-)
+@pytest.mark.parametrize("kwargs, field", BAD_REQUESTS)
 def test_bad_requests_raise_and_server_keeps_serving(stack, reference, kwargs, field):
     _, engine, _, client = stack
     args = {"prompt_ids": reference[0][0], "max_new_tokens": 8}
@@ -210,3 +200,12 @@ def test_request_bodies_per_server_flavor():
     plain = completion_body(GenerationRequest((5,), 3, sampling=SamplingParams(temperature=0.5, top_k=3, seed=1)),
                             "m", "openai")
     assert plain == {"model": "m", "prompt": [5], "max_tokens": 3, "temperature": 0.5, "top_p": 1.0, "seed": 1}
+    # llama_cpp.server: text prompt, no stop (it would cut the stop out of the text), neutral sampling defaults
+    lcpp = completion_body(req, "m", "llama-cpp", prompt_text="ab")
+    assert lcpp == {"model": "m", "prompt": "ab", "max_tokens": 10, "temperature": 0.0, "top_k": 1,
+                    "repeat_penalty": 1.0, "min_p": 0.0}
+    sampled = completion_body(GenerationRequest((5,), 3, sampling=SamplingParams(temperature=0.5, seed=1)), "m",
+                              "llama-cpp", prompt_text="ab")
+    assert sampled["top_k"] == 0 and sampled["top_p"] == 1.0 and sampled["seed"] == 1
+    with pytest.raises(ValueError, match="prompt"):
+        completion_body(req, "m", "llama-cpp")

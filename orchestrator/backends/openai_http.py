@@ -1,5 +1,6 @@
-"""Engine backend over an OpenAI-compatible ``/v1/completions`` server: trtllm-serve, vLLM, SGLang, or our own
-:mod:`lookahead_reasoning.serving.engine_http` (any of the three roles).
+"""Engine backend over an OpenAI-compatible ``/v1/completions`` server: trtllm-serve, vLLM, SGLang,
+llama-cpp-python's ``llama_cpp.server``, or our own :mod:`lookahead_reasoning.serving.engine_http` (any of the three
+roles).
 
 The orchestrator works on token ids, so each request sends its prompt as a list of token ids and reads the
 generated token ids back (vLLM's ``return_token_ids`` extension, our server, trtllm-serve's ``token_ids``
@@ -12,6 +13,22 @@ ends the output and stays in it; the first token that completes a stop string on
 and stays in it (servers that match stop strings on token ids, like trtllm-serve, miss stops merged into
 larger tokens such as ``".\\n\\n"``; they just run on until ``max_tokens`` and the client cuts); at most
 ``max_new_tokens`` tokens.
+
+``llama_cpp.server`` (flavor ``llama-cpp``) lacks three things this backend needs, handled client-side:
+
+* token-id prompts (its ``prompt`` is text only): the ids are decoded with special tokens kept and sent as text,
+  which the server tokenizes again with special tokens recognised. Ids that are the tokenizer's own encoding of
+  their text (everything the orchestrator builds from encoded prompts and re-encoded steps) come back the same;
+  a non-canonical id sequence, or a user text holding a literal ``<|im_start|>``, does not;
+* generated token ids (it returns text, and per-token logprobs only as text pieces): the text is re-encoded as
+  above, and a ``"stop"`` finish (the server's only other reason besides ``"length"``, since no stop strings are
+  sent) becomes the tokenizer's EOS id appended, as the engine contract keeps EOS in the output;
+* stop strings kept in the output (it cuts the matched stop out of the text): ``stop`` is not sent, the server runs
+  to ``max_tokens`` or EOS and the client cuts, so a stopped request costs its whole budget on that server.
+
+Its sampling defaults are not neutral (``repeat_penalty`` 1.1, ``min_p`` 0.05, ``top_k`` 40), so every request sends
+``repeat_penalty: 1``, ``min_p: 0`` and the request's ``top_k`` (0: off); ``seed`` is honoured. It serves one
+request at a time (no in-flight batching), so concurrent calls queue on the server.
 
 Token-level speculative decoding is a server setting (``--speculative-config`` in vLLM,
 ``speculative_config`` in trtllm-serve's ``--config`` YAML); ``GenerationRequest.spec`` is not sent.
@@ -32,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .base import GenerationCounters, GenerationRequest, GenerationResult, LoopThreadEngine, finish_generation
 from .tokenizer import TokenizerAccess
 
-Flavor = Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai"]
+Flavor = Literal["vllm", "trtllm-serve", "sglang", "lookahead", "openai", "llama-cpp"]
 
 #: Extension fields each server flavour accepts on /v1/completions besides the OpenAI ones
 #: (model, prompt, max_tokens, temperature, top_p, stop, seed). trtllm-serve rejects unknown fields
@@ -43,7 +60,14 @@ FLAVOR_EXTENSIONS: dict[str, frozenset[str]] = {
     "trtllm-serve": frozenset({"top_k", "include_stop_str_in_output", "skip_special_tokens"}),
     "sglang": frozenset({"top_k", "no_stop_trim", "skip_special_tokens"}),
     "openai": frozenset(),
+    "llama-cpp": frozenset({"top_k"}),
 }
+
+#: Fields a flavour's server defaults to non-neutral values, sent on every request (overridden by the request's own).
+FLAVOR_NEUTRAL: dict[str, dict] = {"llama-cpp": {"top_k": 0, "repeat_penalty": 1.0, "min_p": 0.0}}
+
+#: Flavours whose server takes text prompts only and returns text only (see the module docstring).
+TEXT_ONLY_FLAVORS = frozenset({"llama-cpp"})
 
 
 class OpenAIEngineConfig(BaseModel):
@@ -77,16 +101,25 @@ class OpenAIEngineConfig(BaseModel):
 
 # -- pure helpers (shared with the TensorRT-LLM backend) ---------------------------------------------------
 
-def completion_body(req: GenerationRequest, model: str, flavor: str = "vllm", extra: dict | None = None) -> dict:
+def completion_body(req: GenerationRequest, model: str, flavor: str = "vllm", extra: dict | None = None,
+                    prompt_text: str | None = None) -> dict:
     """JSON body of ``POST /v1/completions`` for one request.
 
     Greedy requests send ``temperature: 0`` (plus ``top_k: 1`` where ``top_k`` is accepted, since some servers
     treat ``temperature: 0`` only as a hint); sampled ones ``temperature``, ``top_p``, ``top_k`` (when > 0) and
     ``seed``. ``stop`` is sent so the server can stop early; the client still cuts (:func:`finish_generation`).
+    Text-only flavours (:data:`TEXT_ONLY_FLAVORS`) get ``prompt_text`` as the prompt and no ``stop``.
+
+    Raises:
+        ValueError: ``prompt_text`` missing for a text-only flavour.
     """
     ext = FLAVOR_EXTENSIONS[flavor]
     s = req.sampling
-    body: dict = {"model": model, "prompt": list(req.prompt_ids), "max_tokens": int(req.max_new_tokens)}
+    text_only = flavor in TEXT_ONLY_FLAVORS
+    if text_only and prompt_text is None:
+        raise ValueError(f"prompt: flavor {flavor!r} takes text prompts; pass prompt_text")
+    body: dict = {"model": model, "prompt": prompt_text if text_only else list(req.prompt_ids),
+                  "max_tokens": int(req.max_new_tokens), **FLAVOR_NEUTRAL.get(flavor, {})}
     if s.greedy:
         body["temperature"] = 0.0
         if "top_k" in ext:
@@ -98,7 +131,7 @@ def completion_body(req: GenerationRequest, model: str, flavor: str = "vllm", ex
             body["top_k"] = int(s.top_k)
     if s.seed is not None:
         body["seed"] = int(s.seed)
-    if req.stop:
+    if req.stop and not text_only:
         body["stop"] = list(req.stop)
         if "include_stop_str_in_output" in ext:
             body["include_stop_str_in_output"] = True
@@ -149,6 +182,8 @@ class OpenAIEngine(LoopThreadEngine, TokenizerAccess):
         self._load_tokenizer(config.tokenizer, model_config)
         if config.context_length is not None:
             self._context = config.context_length
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self._eos_id = eos if eos in self._eos else min(self._eos, default=None)  # text-only flavours' EOS
         base = config.url.rstrip("/")
         self.base_url = base[:-3] if base.endswith("/v1") else base
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
@@ -183,7 +218,10 @@ class OpenAIEngine(LoopThreadEngine, TokenizerAccess):
     # -- generation -------------------------------------------------------------------------------------
     async def _one(self, req: GenerationRequest) -> GenerationResult:
         t0 = time.perf_counter()
-        body = completion_body(req, self.model_name, self.config.flavor, self.config.extra_body)
+        text_only = self.config.flavor in TEXT_ONLY_FLAVORS
+        prompt_text = (self.tokenizer.decode(list(req.prompt_ids), skip_special_tokens=False,
+                                             clean_up_tokenization_spaces=False) if text_only else None)
+        body = completion_body(req, self.model_name, self.config.flavor, self.config.extra_body, prompt_text)
         self._inflight += 1
         try:
             resp = await self._client.post("/v1/completions", json=body)
@@ -202,6 +240,9 @@ class OpenAIEngine(LoopThreadEngine, TokenizerAccess):
         raw = choice.get("token_ids")
         if raw is None:  # server without token ids: re-encode its text (approximate, see module docstring)
             raw = self.encode(choice.get("text") or "")
+            if (text_only and choice.get("finish_reason") == "stop" and len(raw) < req.max_new_tokens
+                    and self._eos_id is not None):
+                raw.append(self._eos_id)  # no stop strings were sent: the server stopped at EOS
         ids, finish = finish_generation(raw, max_new_tokens=req.max_new_tokens, stop=req.stop,
                                         eos_token_ids=self._eos, decode=self.decode,
                                         server_finish=choice.get("finish_reason"))
@@ -222,4 +263,5 @@ class OpenAIEngine(LoopThreadEngine, TokenizerAccess):
             self._stop_loop()
 
 
-__all__ = ["FLAVOR_EXTENSIONS", "OpenAIEngine", "OpenAIEngineConfig", "completion_body"]
+__all__ = ["FLAVOR_EXTENSIONS", "FLAVOR_NEUTRAL", "TEXT_ONLY_FLAVORS", "OpenAIEngine", "OpenAIEngineConfig",
+           "completion_body"]
