@@ -407,6 +407,7 @@ def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None
     ar = reports.get("ar")
     modes = {}
     for mode, r in reports.items():
+        t = r.totals
         modes[mode] = {
             "accuracy": r.accuracy,
             "accuracy_stderr": r.accuracy_stderr,
@@ -417,6 +418,11 @@ def report_json(dataset: str, reports: dict[str, ModeReport], extra: dict | None
             "acceptance_rate": r.acceptance_rate,
             "acceptance_by_depth": r.acceptance_by_depth,
             "verified_by_depth": list(r.totals.verified_by_depth),
+            "steps_per_cycle": (t.steps / t.cycles) if t.cycles else None,
+            "target_tokens_per_forward": (t.target.call_tokens / t.target.forward_passes
+                                          if t.target.forward_passes else None),
+            "time_share": ({"draft": t.draft.seconds / r.seconds, "target": t.target.seconds / r.seconds,
+                            "judge": t.judge_seconds / r.seconds} if r.seconds else None),
             "steps_per_answer": r.steps_per_answer,
             "speedup_estimate": r.estimate(ar),
             "speedup_estimate_iid": r.estimate(ar, iid=True),
