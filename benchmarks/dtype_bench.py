@@ -20,13 +20,17 @@ question, after one untimed warm-up question. Then, in the same run, ``b(n)``: `
 forward plus the engine's bookkeeping per step) of the steps with ``n`` rows, relative to one row; ``--bn-repeats``
 rounds, each over every (variant, n) pair in a freshly shuffled order, medians.
 
-Reported: each variant's dtype (llama.cpp: the GGUF's weight type), tokens/s (total generated tokens / total
-seconds), the ratio to the baseline with a 95% paired-bootstrap interval over questions, how many final answers agree
-with the baseline's (GSM8K: the extracted number; other sets: the exact text), how many are correct, the batch-1
-step time and b(2), b(3), b(5).
+Reported: each variant's dtype (our llama.cpp engine: the GGUF's weight type; llama-cpp-python: "GGUF weights as
+stored", the same file), tokens/s (total generated tokens / total seconds of whole requests, prefill included), the
+ratio to the baseline with a 95% paired-bootstrap interval over questions (it collapses to one value with one
+question), how many final answers agree with the baseline's (GSM8K: the extracted number; other sets: the exact
+text), how many are correct, the one-row decoding step time in ms at the b(n) prompt's context (one decode call,
+not a whole request, so it is not 1000 / tok/s) and b(2), b(3), b(5) (step time with n rows / with one row, a
+ratio). The llama-cpp-python variants have no per-step timings: "-" there. The last line is the 1-minute load
+average at the start and the end, with a warning when the start was busy.
 
 Usage: python benchmarks/dtype_bench.py --profile smollm2 --dataset gsm8k --limit 100 [--variants float32,auto]
-       [--out FILE]
+       [--max-tokens N] [--rows 2,3,5] [--bn-context 300] [--bn-steps 24] [--bn-repeats 3] [--out FILE]
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ sampling defaults; the backend sends decoded prompts, re-encodes the output, cut
 neutral sampling fields (backends/openai_http.py, module docstring). These tests check the engine interface through
 it: the server sees exactly the prompt ids the client holds (its own ``/extras/tokenize``), greedy output equals
 llama-cpp-python's own in-process greedy completion of the same prompt (the same library and kernels, one token per
-decode call on both sides, so equal token for token), EOS and stop strings follow the engine contract, seeded
+decode call on both sides; equal token for token here, though the server reuses the previous request's KV for a
+shared prefix, so under llama.cpp's batch variance an answer could depend on the request before it), EOS and stop
+strings follow the engine contract, seeded
 sampling repeats, and bad requests raise ``ValueError`` naming the field while the server keeps serving.
 
 Needs the ``llamacpp`` extra with its server dependencies (``make test`` installs them and sets

@@ -19,7 +19,10 @@ larger tokens such as ``".\\n\\n"``; they just run on until ``max_tokens`` and t
 * token-id prompts (its ``prompt`` is text only): the ids are decoded with special tokens kept and sent as text,
   which the server tokenizes again with special tokens recognised. Ids that are the tokenizer's own encoding of
   their text (everything the orchestrator builds from encoded prompts and re-encoded steps) come back the same;
-  a non-canonical id sequence, or a user text holding a literal ``<|im_start|>``, does not;
+  a non-canonical id sequence, or a user text holding a literal ``<|im_start|>``, does not. So a multi-call loop
+  continues from the canonical ids of the text so far, not always from the ids the model wrote (a blank line
+  written as two ``"\n"`` tokens comes back as one ``"\n\n"``), and its greedy output can differ from one
+  completion;
 * generated token ids (it returns text, and per-token logprobs only as text pieces): the text is re-encoded as
   above, and a ``"stop"`` finish (the server's only other reason besides ``"length"``, since no stop strings are
   sent) becomes the tokenizer's EOS id appended, as the engine contract keeps EOS in the output;
