@@ -112,6 +112,29 @@ def tiny_draft_dir(tmp_path_factory) -> Path:
 
 GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k_test_head20.jsonl"  # first 20 GSM8K test items (MIT)
 
+def concurrent_outputs(engine, reqs, timeout_s: float = 120) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of each request of ``reqs`` run concurrently twice: all awaited together on one asyncio loop
+    (``agenerate``), and one plain thread per request (``generate``); both lists in the order of ``reqs``."""
+    import asyncio
+    import threading
+
+    async def gather():
+        return await asyncio.gather(*(engine.agenerate([r]) for r in reqs))
+
+    via_asyncio = [r[0].token_ids for r in asyncio.run(gather())]
+    out: dict[int, list[int]] = {}
+
+    def call(i, req):
+        out[i] = engine.generate([req])[0].token_ids
+
+    threads = [threading.Thread(target=call, args=(i, r)) for i, r in enumerate(reqs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+    return via_asyncio, [out.get(i) for i in range(len(reqs))]
+
+
 #: Bad GenerationRequest fields every engine must refuse with a ValueError naming the field (and keep serving):
 #: ``(GenerationRequest keyword arguments, field named)``.
 BAD_REQUESTS = [

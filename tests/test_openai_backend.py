@@ -8,8 +8,6 @@ naming the field (server side), and the server keeps serving.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 
 import httpx
 import pytest
@@ -19,7 +17,7 @@ from lookahead_reasoning.backends.openai_http import OpenAIEngine, OpenAIEngineC
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.serving.engine_http import start_server
 
-from conftest import BAD_REQUESTS, DEMO, TEXTS, cut_at_eos, greedy_reference
+from conftest import BAD_REQUESTS, DEMO, TEXTS, concurrent_outputs, cut_at_eos, greedy_reference
 
 MODELS = ["tiny", pytest.param("demo", marks=pytest.mark.skipif(not (DEMO / "target" / "config.json").exists(),
                                                                  reason="engines/demo/target not built yet"))]
@@ -69,22 +67,8 @@ def test_asyncio_and_threads_interleave(stack, reference):
     _, engine, _, client = stack
     reqs = [GenerationRequest(ids, 24) for ids, _ in reference]
     want = [cut_at_eos(engine, ref) for _, ref in reference]
-
-    async def main():
-        return await asyncio.gather(*(client.agenerate([r]) for r in reqs))
-
-    assert [r[0].token_ids for r in asyncio.run(main())] == want
-    out: dict[int, list[int]] = {}
-
-    def call(i, req):
-        out[i] = client.generate([req])[0].token_ids
-
-    threads = [threading.Thread(target=call, args=(i, r)) for i, r in enumerate(reqs * 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert [out[i] for i in range(2 * len(reqs))] == want * 2
+    via_asyncio, via_threads = concurrent_outputs(client, reqs * 2, timeout_s=60)
+    assert via_asyncio == via_threads == want * 2
 
 
 def test_stop_string_completing_token_stays(stack):

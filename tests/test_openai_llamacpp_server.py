@@ -17,11 +17,9 @@ Needs the ``llamacpp`` extra with its server dependencies (``make test`` install
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -38,7 +36,7 @@ from lookahead_reasoning.backends.openai_http import OpenAIEngine, OpenAIEngineC
 from lookahead_reasoning.profiles import PROFILES  # noqa: E402
 from lookahead_reasoning.serving.server import free_port  # noqa: E402
 
-from conftest import BAD_REQUESTS, GSM8K_SAMPLE  # noqa: E402
+from conftest import BAD_REQUESTS, GSM8K_SAMPLE, concurrent_outputs  # noqa: E402
 
 N_CTX = 2048
 NEW = 24
@@ -165,22 +163,8 @@ def test_stop_strings_are_cut_client_side_and_kept(client, prompts, local):
 def test_concurrent_calls_queue_and_stay_separate(client, prompts):
     reqs = [GenerationRequest(ids, 12) for ids in prompts]
     want = [r.token_ids for r in client.generate(reqs)]
-
-    async def main():
-        return await asyncio.gather(*(client.agenerate([r]) for r in reqs))
-
-    assert [r[0].token_ids for r in asyncio.run(main())] == want
-    out: dict[int, list[int]] = {}
-
-    def call(i, req):
-        out[i] = client.generate([req])[0].token_ids
-
-    threads = [threading.Thread(target=call, args=(i, r)) for i, r in enumerate(reqs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert [out[i] for i in range(len(reqs))] == want
+    via_asyncio, via_threads = concurrent_outputs(client, reqs)
+    assert via_asyncio == via_threads == want
 
 
 def test_sampling_is_seeded(client, prompts):
