@@ -201,9 +201,9 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         out += [(s.kv_seq, np.asarray(s.tokens[:-1])) for s in self._running if s.kv_seq != exclude]
         return out
 
-    def _fill_from_holders(self, seq: int, prefix: np.ndarray, have: int, extra=()) -> tuple[int, int | None]:
+    def _fill_from_holders(self, seq: int, prefix: np.ndarray, have: int, extra=()) -> int:
         """Give ``seq`` (which holds KV for ``prefix[:have]``) the longest prefix of ``prefix`` any other sequence
-        holds, by ``llama_memory_seq_cp``. Returns (positions ``seq`` now holds, the cached source used or None)."""
+        holds, by ``llama_memory_seq_cp``. Returns the number of positions ``seq`` now holds."""
         best, src = have, None
         for q, toks in list(extra) + self._holders(seq):
             m = min(len(toks), len(prefix))
@@ -219,7 +219,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             L.llama_memory_seq_cp(self._mem, src, seq, 0, best)
             if src in self._cached:
                 self._cached.move_to_end(src)
-        return best, src
+        return best
 
     # -- llama_decode ------------------------------------------------------------------------------------
     def _decode(self, tokens: np.ndarray, pos: np.ndarray, seqs: np.ndarray, logits: bool) -> np.ndarray | None:
@@ -280,7 +280,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
                 m = min(len(p) for p in prefixes)
                 diff = np.flatnonzero((np.stack([p[:m] for p in prefixes]) != prefixes[0][:m]).any(0))
                 shared = longest[: int(diff[0]) if len(diff) else m]
-            n, _ = self._fill_from_holders(host.kv_seq, shared, 0)
+            n = self._fill_from_holders(host.kv_seq, shared, 0)
             host.counters.prefill_tokens_cached += n
             host.counters.prefill_tokens_computed += len(shared) - n
             self._prefill([(host.kv_seq, shared, n)])
@@ -288,7 +288,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             extra = [(host.kv_seq, shared)]
         jobs = []
         for i, (s, p) in enumerate(zip(new, prefixes)):
-            n, _ = self._fill_from_holders(s.kv_seq, p, have[i], extra if s is not new[-1] else ())
+            n = self._fill_from_holders(s.kv_seq, p, have[i], extra if s is not new[-1] else ())
             s.counters.prefill_tokens_cached += n - have[i]
             s.counters.prefill_tokens_computed += len(p) - n + 1  # + the last prompt token, fed by the first step
             jobs.append((s.kv_seq, p, n))
