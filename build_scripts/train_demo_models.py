@@ -278,11 +278,33 @@ def load_checkpoint(path: Path, device: str = "cpu"):
 # Data
 
 
-def lm_example(tok, problem: syn.Problem, eos_id: int) -> tuple[list[int], list[int]]:
-    """(input ids, labels) for one problem: chat prompt (no loss) + solution + EOS (loss)."""
+def lm_example(tok, problem: syn.Problem, eos_id: int, rng: random.Random | None = None) -> tuple[list[int], list[int]]:
+    """(input ids, labels) for one problem: chat prompt (no loss) + solution + EOS (loss).
+
+    With ``rng`` the context mixes voices, as Lookahead Reasoning's contexts do (the draft's accepted steps
+    between the target's own): a share ``p ~ U(0, 1)`` of the steps, drawn per example, is worded in the other
+    voice of :data:`synthetic.VOICES` than ``problem``'s, and those steps carry no loss unless they read the same
+    in both voices. The model learns to read either voice and to write its own.
+    """
     prompt = chat_prompt_ids(tok, problem.question)
-    answer = tok.encode(problem.solution, add_special_tokens=False) + [eos_id]
-    return prompt + answer, [-100] * len(prompt) + answer
+    if rng is None:
+        answer = tok.encode(problem.solution, add_special_tokens=False) + [eos_id]
+        return prompt + answer, [-100] * len(prompt) + answer
+    other = problem.in_voice(1 - problem.context.voice).steps
+    p = rng.random()
+    steps, spans, at = [], [], 0  # spans: character ranges of the other voice's steps (no loss)
+    for own, alt in zip(problem.steps, other):
+        use_alt = alt != own and rng.random() < p
+        steps.append(alt if use_alt else own)
+        if use_alt:
+            spans.append((at, at + len(alt)))
+        at += len(steps[-1]) + len(syn.STEP_DELIMITER)
+    text = syn.STEP_DELIMITER.join(steps) + syn.STEP_DELIMITER + problem.answer_line
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    answer = list(enc["input_ids"]) + [eos_id]
+    labels = [-100 if any(a <= start < b for a, b in spans) else t
+              for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"])] + [eos_id]
+    return prompt + answer, [-100] * len(prompt) + labels
 
 
 def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,10 +363,11 @@ def drill_example(tok, rng: random.Random, max_tokens: int = 128) -> tuple[list[
 
 
 def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: int = 16,
-                    drill_every: int = 3, voice: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                    drill_every: int = 3, voice: int = 0, mixed: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless stream of training batches: fresh problems (difficulty mix) worded in ``voice``
-    (:data:`synthetic.VOICES`), length-bucketed; every ``drill_every``-th batch (0: never) is packed
-    arithmetic facts instead (:func:`drill_example`)."""
+    (:data:`synthetic.VOICES`; with ``mixed``, contexts that mix in the other voice, loss on ``voice``'s steps:
+    :func:`lm_example`), length-bucketed; every ``drill_every``-th batch (0: never) is packed arithmetic facts
+    instead (:func:`drill_example`)."""
     rng = random.Random(seed)
     eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
     levels, weights = zip(*DIFFICULTY_MIX.items())
@@ -355,7 +378,7 @@ def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: 
         for i in range(batch_size * chunk_batches):
             d = rng.choices(levels, weights)[0]
             p = syn.generate_problems(1, syn.derive_seed(seed, "train", chunk, i), d, style, voice)[0]
-            rows.append(lm_example(tok, p, eos_id))
+            rows.append(lm_example(tok, p, eos_id, rng if mixed else None))
         rows.sort(key=lambda r: len(r[0]))
         batches = [rows[i: i + batch_size] for i in range(0, len(rows), batch_size)]
         rng.shuffle(batches)
@@ -1126,10 +1149,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draft-steps", type=int, default=100000)
     ap.add_argument("--draft-minutes", type=float, default=8.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=0,
+    ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=1,
                     help="wording of the draft's training solutions: 0 the target's, 1 its own (synthetic.step_style). "
-                         "With 1 the target, trained on voice 0 only, loses its way after accepted voice-1 steps "
-                         "(lr_bench 2026-12-02: lr+sd solved 115 of the 192 problems ar solves; RESULTS.md, issue 19)")
+                         "With 1 and --no-mixed-voices the target, trained on voice 0 only, loses its way after accepted "
+                         "voice-1 steps (lr_bench 2026-12-02: lr+sd solved 115 of the 192 problems ar solves; RESULTS.md, issue 19)")
+    ap.add_argument("--mixed-voices", action=argparse.BooleanOptionalAction, default=True,
+                    help="train target and draft on contexts whose steps mix both voices, each with loss on its own "
+                         "voice's steps only (lm_example): the target reads the draft's accepted steps and keeps its words")
     ap.add_argument("--judge-steps", type=int, default=100000)
     ap.add_argument("--judge-minutes", type=float, default=18.0)
     ap.add_argument("--judge-lr", type=float, default=1.5e-3)
@@ -1192,9 +1218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tqdm.write(f"   continuing from {args.target_init}")
             tqdm.write(f"   {target.num_parameters():,} parameters")
             b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size)
-            training["target"] = train_lm(target, problem_batches(tok, syn.derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size, args.style),
+            training["target"] = train_lm(target, problem_batches(tok, syn.derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size, args.style, mixed=args.mixed_voices),
                                           b, device, "target", dev_solve_eval(target, tok, 48 if not args.quick else 8, args.seed),
                                           dev_every_steps=args.dev_every_steps)
+            training["target"]["mixed_voices"] = args.mixed_voices
             save_checkpoint(target, tok, out / "target")
         target, _ = load_checkpoint(out / "target", device)
 
@@ -1204,11 +1231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             tqdm.write(f"   {draft.num_parameters():,} parameters ({draft.num_parameters() / target.num_parameters():.3f} of the target)")
             b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size)
             batches = problem_batches(tok, syn.derive_seed(args.seed, "data-draft"), b.batch_size, args.style,
-                                      voice=args.draft_voice)
+                                      voice=args.draft_voice, mixed=args.mixed_voices)
             training["draft"] = train_lm(draft, batches,
                                          b, device, "draft", dev_solve_eval(draft, tok, 48 if not args.quick else 8, args.seed),
                                          dev_every_steps=args.dev_every_steps)
             training["draft"]["voice"] = syn.VOICES[args.draft_voice]
+            training["draft"]["mixed_voices"] = args.mixed_voices
             save_checkpoint(draft, tok, out / "draft")
         draft = load_checkpoint(out / "draft", device)[0] if (out / "draft").exists() else None
 

@@ -154,3 +154,39 @@ def test_judge(loaded):
     assert verdict(model, tok, "That leaves 48 - 9 = 39.", "Now she has 48 - 9 = 39 pencils.")
     assert not verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "Mia has 4 x 12 = 46 pencils.")
     assert not verdict(model, tok, "That leaves 48 - 9 = 39.", "That makes 39 + 9 = 48.")
+
+
+def test_mixed_voice_training_examples_carry_loss_on_their_own_voice_only(loaded):
+    """`train_demo_models.lm_example` with an rng: the context mixes the two voices' wordings of the steps, the
+    other voice's steps carry no loss, everything else (own-voice steps, delimiters, answer line, EOS) does, and
+    the ids are the plain example's tokenization of the mixed text."""
+    import importlib.util
+    import random
+
+    spec = importlib.util.spec_from_file_location("train_demo_models", DEMO.parents[1] / "build_scripts" / "train_demo_models.py")
+    tdm = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules.setdefault(spec.name, tdm)  # its dataclasses look their module up
+    spec.loader.exec_module(tdm)
+    _, tok = loaded["target"]
+    eos = tok.convert_tokens_to_ids(tdm.EOS)
+    seen_masked = 0
+    for seed in range(20):
+        for voice in (0, 1):
+            p = syn.generate_problems(1, seed, 2, "long", voice)[0]
+            other = p.in_voice(1 - voice)
+            ids, labels = tdm.lm_example(tok, p, eos, random.Random(seed))
+            plain_ids, plain_labels = tdm.lm_example(tok, p, eos)
+            n_prompt = len(chat_ids(tok, p.question))
+            text = tok.decode(ids[n_prompt:-1])
+            steps = text.split(syn.STEP_DELIMITER)[:len(p.steps)]
+            assert all(s in (own, alt) for s, own, alt in zip(steps, p.steps, other.steps))
+            assert len(ids) == len(labels) and labels[:n_prompt] == [-100] * n_prompt and labels[-1] == eos
+            masked = tok.decode([t for t, y in zip(ids[n_prompt:], labels[n_prompt:]) if y == -100])
+            foreign = [s for s, own in zip(steps, p.steps) if s != own]
+            assert masked.replace(" ", "") == "".join(foreign).replace(" ", "")
+            seen_masked += bool(foreign)
+            if not foreign:
+                assert (ids, labels) == (plain_ids, plain_labels)
+    assert seen_masked >= 10

@@ -267,8 +267,24 @@ def test_the_draft_voice_says_the_same_in_other_words(style):
             same += s == t
             total += 1
     assert 0.2 < same / total < 0.5, same / total
+    assert [p.in_voice(1) for p in a] == b and [q.in_voice(0) for q in b] == a  # re-wording = generating so
     with pytest.raises(ValueError, match="voice"):
         syn.generate_problems(1, 0, voice=len(syn.VOICES))
+    with pytest.raises(ValueError, match="voice"):
+        a[0].in_voice(2)
+
+
+def test_computation_pairs_hold_same_result_negatives():
+    """"2 x 40 = 80" against "20 x 4 = 80": other operands, the same result (a false accept of the v2 judge
+    that cost a problem under Lookahead Reasoning); never the same computation."""
+    pairs = syn.generate_step_pairs(3000, seed=8, style="long")
+    found = []
+    for a, b, y in pairs:
+        ma, mb = (re.search(r"(\d+) ([-+x/]) (\d+) = (\d+)", t) for t in (a, b))
+        if ma and mb and ma[4] == mb[4] and ma[2] == mb[2] and {ma[1], ma[3]} != {mb[1], mb[3]}:
+            found.append((a, b, y))
+    assert len(found) >= 30
+    assert not any(y for *_, y in found)
 
 
 def test_long_step_pairs_hold_event_negatives_and_every_kind_often():

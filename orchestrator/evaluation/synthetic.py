@@ -238,6 +238,21 @@ class Problem:
         """The final line, ``"#### N"``."""
         return ANSWER_PREFIX + str(self.answer)
 
+    def in_voice(self, voice: int) -> "Problem":
+        """The same problem with every step worded by ``voice`` (:data:`VOICES` index; :func:`step_style`): the
+        question, answer and step meanings are unchanged. ``generate_problems(..., voice=v)`` equals
+        ``generate_problems(..., voice=0)`` re-worded so.
+
+        Raises:
+            ValueError: ``voice`` is not an index of :data:`VOICES`.
+        """
+        if voice not in range(len(VOICES)):
+            raise ValueError(f"voice must be an index of {VOICES}, got {voice!r}")
+        ctx = replace(self.context, voice=voice)
+        long = self.style == "long"
+        steps = [render_spec(sp, ctx, *step_style(ctx, i, sp.kind if long else None)) for i, sp in enumerate(self.specs)]
+        return replace(self, steps=steps, context=ctx)
+
     def prefix(self, n_steps: int) -> str:
         """Solution text before step ``n_steps`` (each earlier step followed by ``"\\n\\n"``); ``""`` for 0."""
         return "".join(s + STEP_DELIMITER for s in self.steps[:n_steps])
@@ -875,8 +890,8 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
     About half the pairs are equivalent: the same computation in another wording (other sentence frame,
     with or without units, swapped operands of ``+``/``x``), a few identical. The rest are hard negatives:
     the same or another wording with one digit changed in the result or in an operand, other operands
-    (a number of the problem), another operation on the same operands, swapped operands of ``-``/``/``,
-    or a different step of the same problem. About 6% are answer lines (``"#### N"``: equal, another
+    (a number of the problem), another operation on the same operands, swapped operands of ``-``/``/``, other operands with the
+    same result (``2 x 40 = 80`` for ``20 x 4 = 80``), or a different step of the same problem. About 6% are answer lines (``"#### N"``: equal, another
     number, or against a step). Which step is "A" is random. Labels come from
     :func:`steps_equivalent` (so they always agree with it).
 
@@ -907,6 +922,22 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
         at = [i for i, k in enumerate(prob.kinds) if kind is None or k == kind]
         pairs.append(_make_pair(rng, prob, at[rng.randrange(len(at))]))
     return pairs
+
+
+def _same_result_operands(rng: random.Random, comp: Computation) -> tuple[int, int] | None:
+    """Other operands of ``comp``'s operation with the same result (``(2, 40)`` for ``20 x 4 = 80``; never the
+    same operands or the commutative swap of them); ``None`` when there are none."""
+    x, y, r = *comp.operands, comp.result
+    if comp.op == "x":
+        cands = [(d, r // d) for d in range(2, r) if r % d == 0]
+    elif comp.op == "+":
+        cands = [(a, r - a) for a in range(1, r)]
+    elif comp.op == "-":
+        cands = [(r + b, b) for b in range(1, max(2 * y, 10))]
+    else:  # "/"
+        cands = [(r * k, k) for k in range(2, max(2 * y, 10))]
+    cands = [c for c in cands if set(c) != {x, y} and c != (x, y)]
+    return cands[rng.randrange(len(cands))] if cands else None
 
 
 def _other_event(rng: random.Random, prob: Problem, spec: StepSpec) -> str:
@@ -1004,6 +1035,8 @@ def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
         other = maybe_reword(Computation(op2, comp.operands, r if r is not None and r >= 0 else comp.result))
     elif u < 0.90 and comp.op not in COMMUTATIVE:  # swapped operands of - or /
         other = maybe_reword(Computation(comp.op, (y, x), comp.result))
+    elif u < 0.95 and (ops := _same_result_operands(rng, comp)):  # "2 x 40 = 80" for "20 x 4 = 80"
+        other = maybe_reword(Computation(comp.op, ops, comp.result))
     else:
         other = another_step()
     if rng.random() < 0.06:  # answer lines: the same, another answer, or a step against an answer line
