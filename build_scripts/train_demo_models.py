@@ -968,6 +968,11 @@ def fmt_table(res: dict) -> str:
 
 def write_card(out: Path, res: dict, command: str) -> None:
     tr = res.get("training", {})
+    mixed_note = ("""
+Target and draft read contexts that mix the two voices (a share p ~ U(0, 1) of the steps of each training
+example, drawn per example, in the other voice, as Lookahead Reasoning's contexts hold accepted draft steps
+between the target's own), with the loss on their own voice's steps only: each reads either voice and writes
+its own.""" if tr.get("target", {}).get("mixed_voices") or tr.get("draft", {}).get("mixed_voices") else "")
     p = res["parameters"]
 
     def arch(name: str) -> str:
@@ -1010,7 +1015,7 @@ frames, and operands of `+`/`x` come in either order; the wording is a fixed fun
 the item and the step's kind (lookup tables), not a coin flip. The draft is trained on another fixed function
 of the same context, its own voice ({tr.get('draft', {}).get('voice', 'target')}; `generate_problems(..., voice=1)`:
 the same questions and step meanings, about two thirds of the steps worded otherwise), as a small model of another
-family phrases steps its own way: the judge accepts those steps and exact matching rejects them.
+family phrases steps its own way: the judge accepts those steps and exact matching rejects them.{mixed_note}
 `step_meaning` is the ground truth of what a step says. Difficulty (1 to 5) sets the computations (3-4, 4-6,
 5-7, 6-8, 7-8; difficulty 2 averages {res.get('task', {}).get('steps_per_answer_mean', 0):.0f} steps per
 answer) and the magnitudes (running values <= 60, 100, 500, 2000, 9999).""" if long else f"""`generate_problems(n, seed, difficulty)`: a person, items or money, and 2 to 8 events (buy boxes, find / lose /
