@@ -287,11 +287,8 @@ def lm_example(tok, problem: syn.Problem, eos_id: int, rng: random.Random | None
     in both voices. The model learns to read either voice and to write its own.
     """
     prompt = chat_prompt_ids(tok, problem.question)
-    if rng is None:
-        answer = tok.encode(problem.solution, add_special_tokens=False) + [eos_id]
-        return prompt + answer, [-100] * len(prompt) + answer
-    other = problem.in_voice(1 - problem.context.voice).steps
-    p = rng.random()
+    other = problem.in_voice(1 - problem.context.voice).steps if rng is not None else problem.steps
+    p = rng.random() if rng is not None else 0.0
     steps, spans, at = [], [], 0  # spans: character ranges of the other voice's steps (no loss)
     for own, alt in zip(problem.steps, other):
         use_alt = alt != own and rng.random() < p

@@ -162,11 +162,10 @@ def test_mixed_voice_training_examples_carry_loss_on_their_own_voice_only(loaded
     the ids are the plain example's tokenization of the mixed text."""
     import importlib.util
     import random
+    import sys
 
     spec = importlib.util.spec_from_file_location("train_demo_models", DEMO.parents[1] / "build_scripts" / "train_demo_models.py")
     tdm = importlib.util.module_from_spec(spec)
-    import sys
-
     sys.modules.setdefault(spec.name, tdm)  # its dataclasses look their module up
     spec.loader.exec_module(tdm)
     _, tok = loaded["target"]

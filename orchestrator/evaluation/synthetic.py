@@ -249,9 +249,7 @@ class Problem:
         if voice not in range(len(VOICES)):
             raise ValueError(f"voice must be an index of {VOICES}, got {voice!r}")
         ctx = replace(self.context, voice=voice)
-        long = self.style == "long"
-        steps = [render_spec(sp, ctx, *step_style(ctx, i, sp.kind if long else None)) for i, sp in enumerate(self.specs)]
-        return replace(self, steps=steps, context=ctx)
+        return replace(self, steps=_render_steps(self.specs, ctx, self.style), context=ctx)
 
     def prefix(self, n_steps: int) -> str:
         """Solution text before step ``n_steps`` (each earlier step followed by ``"\\n\\n"``); ``""`` for 0."""
@@ -718,8 +716,7 @@ def _generate_one(rng: random.Random, difficulty: int, style: str = "short", voi
 
     calcs = [StepSpec(k, c, slots=sl) for k, c, sl in zip(bld.kinds, bld.comps, bld.slots)]
     specs = calcs if style == "short" else _trace_specs(bld, calcs)
-    steps = [render_spec(sp, ctx, *step_style(ctx, i, sp.kind if style == "long" else None))
-             for i, sp in enumerate(specs)]
+    steps = _render_steps(specs, ctx, style)
     return Problem(
         question=" ".join(bld.sentences), steps=steps, answer=bld.comps[-1].result,
         computations=tuple(bld.comps), specs=tuple(specs), difficulty=difficulty, context=ctx, style=style,
@@ -938,6 +935,11 @@ def _same_result_operands(rng: random.Random, comp: Computation) -> tuple[int, i
         cands = [(r * k, k) for k in range(2, max(2 * y, 10))]
     cands = [c for c in cands if set(c) != {x, y} and c != (x, y)]
     return cands[rng.randrange(len(cands))] if cands else None
+
+
+def _render_steps(specs: Sequence[StepSpec], ctx: ProblemContext, style: str) -> list[str]:
+    """Every step of a solution worded for ``ctx`` (its voice included) by :func:`step_style`."""
+    return [render_spec(sp, ctx, *step_style(ctx, i, sp.kind if style == "long" else None)) for i, sp in enumerate(specs)]
 
 
 def _other_event(rng: random.Random, prob: Problem, spec: StepSpec) -> str:
