@@ -194,7 +194,8 @@ class LookaheadReasoningModel:
             metrics.record_request(mode, result.metrics)
             # the final response: the whole text (not streaming) or what the stop trimmer held back (may be "")
             rest = trim.apply("" if stream else result.text, result.finish_reason == "stop")
-            sender.send(self._response(rest, json.dumps(out)), flags=final)
+            # latency and the access line are recorded before the final response leaves: a client that scrapes
+            # /metrics or reads the log right after its answer must find its own request there
             e2e = time.perf_counter() - t0
             if not stream:
                 metrics.observe("lookahead_time_to_first_token_seconds", e2e, mode=mode)
@@ -204,6 +205,7 @@ class LookaheadReasoningModel:
             self._access(f"status=ok mode={mode} stream={str(stream).lower()} finish={result.finish_reason} "
                          f"prompt_tokens={m.prompt_tokens} generated_tokens={m.generated_tokens} steps={m.steps} "
                          f"cycles={m.cycles} acceptance={acc} ttft_s={(m.ttft_seconds or 0):.3f} e2e_s={e2e:.3f}")
+            sender.send(self._response(rest, json.dumps(out)), flags=final)
         except Exception as exc:  # noqa: BLE001 - a bad request gets an error response; the server stays up
             reason = error_reason(exc)
             metrics.add("lookahead_request_errors_total", reason=reason)
