@@ -148,8 +148,10 @@ def test_judge(loaded):
         assert not verdict(model, tok, "So far: 39 pencils.", "So far: 36 pencils.")
         assert verdict(model, tok, "Given: She loses 9 pencils.", "The problem says: She loses 9 pencils.")
         assert not verdict(model, tok, "The problem says: Mia loses 9 pencils.", "The problem says: Mia loses 7 pencils.")
-        # Known weakness of the v2 judge (RESULTS.md, issue 19): a restated given with the same number and another
-        # event ("loses 9" / "finds 9 more") is judged aligned; it is not asserted here.
+        # the v2 judge's first stage judged this aligned (same number, another event); its second stage does not
+        assert not verdict(model, tok, "The problem says: She loses 9 pencils.", "The problem says: She finds 9 more pencils.")
+        # Known weakness (RESULTS.md, issue 19): other operands with the same result ("20 x 4" / "2 x 40") can still
+        # be judged aligned; it is not asserted here.
     assert verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "That is 12 x 4 = 48 pencils in all.")
     assert verdict(model, tok, "That leaves 48 - 9 = 39.", "Now she has 48 - 9 = 39 pencils.")
     assert not verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "Mia has 4 x 12 = 46 pencils.")
