@@ -33,11 +33,8 @@ def per_kind(path: Path, n_pairs: int) -> dict:
     pairs = syn.generate_step_pairs(n_pairs, syn.JUDGE_EVAL_SEED, style=tdm.tokenizer_style(tok))
     with torch.no_grad():
         pred = tdm.judge_verdicts(judge, tok, [(a, b) for a, b, _ in pairs])
-    gold = [y for *_, y in pairs]
-    kinds = [syn.step_meaning(a)[0] for a, _, _ in pairs]
-    out = {k: tdm.binary_metrics([p for p, kk in zip(pred, kinds) if kk == k], [g for g, kk in zip(gold, kinds) if kk == k])
-           for k in sorted(set(kinds))}
-    out["all"] = tdm.binary_metrics(pred, gold)
+    out = tdm.metrics_by_kind(pred, pairs)
+    out["all"] = tdm.binary_metrics(pred, [y for *_, y in pairs])
     return out
 
 

@@ -696,6 +696,14 @@ def binary_metrics(pred: Sequence[bool], gold: Sequence[bool]) -> dict:
             "accuracy": (tp + tn) / max(1, n), "tp": tp, "fp": fp, "fn": fn, "tn": tn}
 
 
+
+def metrics_by_kind(pred: Sequence[bool], pairs: Sequence[tuple[str, str, bool]]) -> dict:
+    """``{kind: binary_metrics}`` of judge verdicts ``pred`` on ``(step_a, step_b, equivalent)`` pairs, grouped by the
+    step kind of ``step_a`` (:func:`synthetic.step_meaning`; a positive pair's steps share it)."""
+    kinds = [syn.step_meaning(a)[0] for a, _, _ in pairs]
+    return {k: binary_metrics([v for v, kk in zip(pred, kinds) if kk == k], [y for (_, _, y), kk in zip(pairs, kinds) if kk == k])
+            for k in sorted(set(kinds))}
+
 def real_pairs(target, draft, tok, problems: Sequence[syn.Problem], batch_size: int = 128,
                desc: str = "steps") -> list[dict]:
     """Draft and target each write one step from every gold prefix of ``problems``.
@@ -827,10 +835,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     syn_pairs = syn.generate_step_pairs(400 if quick else 4000, syn.JUDGE_EVAL_SEED, style=style)
     v_syn = judge_verdicts(judge, tok, [(a, b) for a, b, _ in syn_pairs])
     res["judge_synthetic"] = binary_metrics(v_syn, [y for _, _, y in syn_pairs])
-    kinds = [syn.step_meaning(a)[0] for a, _, _ in syn_pairs]  # positives: both steps have this kind
-    res["judge_synthetic_by_kind"] = {
-        k: binary_metrics([v for v, kk in zip(v_syn, kinds) if kk == k], [y for (_, _, y), kk in zip(syn_pairs, kinds) if kk == k])
-        for k in sorted(set(kinds))}
+    res["judge_synthetic_by_kind"] = metrics_by_kind(v_syn, syn_pairs)
     v = judge_verdicts(judge, tok, [(r["target"], r["draft"]) for r in pairs])
     gold = [r["semantic"] for r in pairs]
     res["judge_real"] = binary_metrics(v, gold)
