@@ -696,13 +696,13 @@ def binary_metrics(pred: Sequence[bool], gold: Sequence[bool]) -> dict:
             "accuracy": (tp + tn) / max(1, n), "tp": tp, "fp": fp, "fn": fn, "tn": tn}
 
 
-
 def metrics_by_kind(pred: Sequence[bool], pairs: Sequence[tuple[str, str, bool]]) -> dict:
     """``{kind: binary_metrics}`` of judge verdicts ``pred`` on ``(step_a, step_b, equivalent)`` pairs, grouped by the
     step kind of ``step_a`` (:func:`synthetic.step_meaning`; a positive pair's steps share it)."""
     kinds = [syn.step_meaning(a)[0] for a, _, _ in pairs]
     return {k: binary_metrics([v for v, kk in zip(pred, kinds) if kk == k], [y for (_, _, y), kk in zip(pairs, kinds) if kk == k])
             for k in sorted(set(kinds))}
+
 
 def real_pairs(target, draft, tok, problems: Sequence[syn.Problem], batch_size: int = 128,
                desc: str = "steps") -> list[dict]:
