@@ -970,11 +970,23 @@ def fmt_table(res: dict) -> str:
 
 def write_card(out: Path, res: dict, command: str) -> None:
     tr = res.get("training", {})
-    mixed_note = ("""
-Target and draft read contexts that mix the two voices (a share p ~ U(0, 1) of the steps of each training
-example, drawn per example, in the other voice, as Lookahead Reasoning's contexts hold accepted draft steps
-between the target's own), with the loss on their own voice's steps only: each reads either voice and writes
-its own.""" if tr.get("target", {}).get("mixed_voices") or tr.get("draft", {}).get("mixed_voices") else "")
+    mixed = [role for role in ("target", "draft") if tr.get(role, {}).get("mixed_voices")]
+    mixed_note = (f"""
+{" and ".join(mixed).capitalize()} read{"s" if len(mixed) == 1 else ""} contexts that mix the two voices (a share
+p ~ U(0, 1) of the steps of each training example, drawn per example, in the other voice, as Lookahead
+Reasoning's contexts hold accepted draft steps between the target's own), with the loss on {"its" if len(mixed) == 1
+else "their"} own voice's steps only (`--mixed-voices`).""" if mixed else "")
+    # The draft's wording, from its training record (a record without a voice predates --draft-voice: voice 0).
+    if tr.get("draft", {}).get("voice", syn.VOICES[0]) == syn.VOICES[1]:
+        draft_voice = """The draft is trained on another fixed function
+of the same context, its own voice (`--draft-voice 1`; `generate_problems(..., voice=1)`: the same questions and
+step meanings, about two thirds of the steps worded otherwise), as a small model of another family phrases steps
+its own way: the judge accepts those steps and exact matching rejects them."""
+    else:
+        draft_voice = """The draft is trained on the target's voice
+(voice 0), so it mostly writes the target's words; `--draft-voice 1` trains it on another fixed function of the
+same context instead (`generate_problems(..., voice=1)`: the same questions and step meanings, about two thirds of
+the steps worded otherwise), as a small model of another family phrases steps its own way."""
     p = res["parameters"]
 
     def arch(name: str) -> str:
@@ -1014,10 +1026,7 @@ Trace steps, each one sentence: a plan (how many changes to apply); per event, t
 sentence), its computation(s) `x op y = r` (integers; `+ - x /`; exact divisions), a check that re-derives the
 operand by the inverse operation, and the running value; then a conclusion. Every step kind has three sentence
 frames, and operands of `+`/`x` come in either order; the wording is a fixed function of the person's name,
-the item and the step's kind (lookup tables), not a coin flip. The draft is trained on another fixed function
-of the same context, its own voice ({tr.get('draft', {}).get('voice', 'target')}; `generate_problems(..., voice=1)`:
-the same questions and step meanings, about two thirds of the steps worded otherwise), as a small model of another
-family phrases steps its own way: the judge accepts those steps and exact matching rejects them.{mixed_note}
+the item and the step's kind (lookup tables), not a coin flip. {draft_voice}{mixed_note}
 `step_meaning` is the ground truth of what a step says. Difficulty (1 to 5) sets the computations (3-4, 4-6,
 5-7, 6-8, 7-8; difficulty 2 averages {res.get('task', {}).get('steps_per_answer_mean', 0):.0f} steps per
 answer) and the magnitudes (running values <= 60, 100, 500, 2000, 9999).""" if long else f"""`generate_problems(n, seed, difficulty)`: a person, items or money, and 2 to 8 events (buy boxes, find / lose /

@@ -243,6 +243,19 @@ def test_compiled_engine_equals_reference(model_dirs, reference):
         eng.close()
 
 
+def test_compiled_draft_profile_is_the_demo_profile():
+    """``engines/profiles/demo-compiled-draft.yaml`` (the benchmarks' compiled-draft trio) is the ``demo`` profile
+    with only the draft's ``compile`` turned on, so figures measured with it compare with the demo's."""
+    from lookahead_reasoning.profiles import PROFILES, load_profile
+
+    p = load_profile(config=DEMO.parent / "profiles" / "demo-compiled-draft.yaml")
+    demo = PROFILES["demo"]
+    assert p.draft.compile and not demo.draft.compile
+    assert p.draft.model_copy(update={"compile": False}) == demo.draft
+    rest = {"name", "description", "draft"}
+    assert p.model_dump(exclude=rest) == demo.model_dump(exclude=rest)
+
+
 def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draft_dir):
     """The cost model of the speed model (lookahead_reasoning.core.calibration) on real engines: step times, b(n) for
     the asked n, and v(w) from the portable engine's step timings (which it switches back off)."""
