@@ -51,6 +51,13 @@ class ModelSpec(BaseModel):
                                                  "'eagle3'")
     max_batch_size: int = Field(64, ge=1)
     prefix_cache_mb: float = Field(256.0, gt=0)
+    static_cache: bool = Field(False, description="portable runtime, GPU mode: a pre-allocated KV cache that never "
+                                                  "moves (PortableEngineConfig.static_cache)")
+    cuda_graphs: bool = Field(False, description="portable runtime, GPU mode: replay captured CUDA graphs for "
+                                                 "decoding steps (needs device cuda and static_cache)")
+    graph_batch_sizes: tuple[int, ...] = Field((1, 2, 4, 8), description="cuda_graphs: captured batch sizes")
+    graph_widths: tuple[int, ...] = Field((1,), description="cuda_graphs: captured new-token counts per row "
+                                                            "(1 + SD tokens)")
     url: str | None = Field(None, description="server address for the openai/triton runtimes")
     spec: str | None = Field(None, description="trtllm runtime: engine spec YAML (relative to the engines directory)")
     served_model: str | None = Field(None, description="openai runtime: model name on the server (default: first listed)")
@@ -63,6 +70,9 @@ class ModelSpec(BaseModel):
             for name in ("medusa", "eagle3"):
                 if getattr(self, name):
                     raise ValueError(f"{name}: heads run on the portable runtime only (runtime is {self.runtime!r})")
+            for name in ("static_cache", "cuda_graphs", "compile"):
+                if getattr(self, name):
+                    raise ValueError(f"{name}: a setting of the portable runtime (runtime is {self.runtime!r})")
         if self.runtime == "llamacpp" and not self.path.endswith(".gguf"):
             raise ValueError(f"path: runtime 'llamacpp' needs a GGUF file, got {self.path!r}")
         return self

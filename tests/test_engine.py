@@ -256,6 +256,70 @@ def test_compiled_draft_profile_is_the_demo_profile():
     assert p.model_dump(exclude=rest) == demo.model_dump(exclude=rest)
 
 
+GPU_FIELDS = {"device", "num_threads", "static_cache", "cuda_graphs", "graph_batch_sizes", "graph_widths"}
+
+
+def test_gpu_profile_is_the_demo_profile_in_gpu_mode():
+    """``engines/profiles/demo-gpu.yaml`` (gpu_bench.sh's demo trio) is the ``demo`` profile with only the GPU
+    settings changed (device, static cache, CUDA graphs), so its accuracy compares with the CPU's."""
+    from lookahead_reasoning.profiles import PROFILES, load_profile
+
+    p = load_profile(config=DEMO.parent / "profiles" / "demo-gpu.yaml")
+    demo = PROFILES["demo"]
+    for role in ("target", "draft", "judge"):
+        spec = getattr(p, role)
+        assert spec.device == "cuda" and spec.static_cache and spec.cuda_graphs
+        assert spec.model_dump(exclude=GPU_FIELDS) == getattr(demo, role).model_dump(exclude=GPU_FIELDS)
+    assert 1 + p.options.target_spec.num_speculative_tokens in p.target.graph_widths  # SD steps replay a graph
+    assert 1 + p.options.draft_spec.num_speculative_tokens in p.draft.graph_widths
+    rest = {"name", "description", "target", "draft", "judge"}
+    assert p.model_dump(exclude=rest) == demo.model_dump(exclude=rest)
+
+
+def test_profile_gpu_settings_reach_the_engine():
+    """A profile model's ``static_cache`` reaches the portable engine (a static KV cache also runs on a CPU), and
+    its greedy tokens equal the dynamic cache's; GPU settings on another runtime are refused, naming the field."""
+    from lookahead_reasoning.backends import make_engine
+    from lookahead_reasoning.profiles import ModelSpec
+
+    prompt = [5, 9, 14, 3, 7]
+    out = {}
+    for static in (False, True):
+        eng = make_engine(ModelSpec(path=str(DEMO / "draft"), dtype="float32", static_cache=static))
+        try:
+            assert eng.config.static_cache is static
+            out[static] = eng.generate([GenerationRequest(prompt, 12)])[0].token_ids
+        finally:
+            eng.close()
+    assert out[True] == out[False]
+    for field in ("static_cache", "cuda_graphs"):
+        with pytest.raises(ValueError, match=field):
+            ModelSpec(path="x.gguf", runtime="llamacpp", **{field: True})
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        make_engine(ModelSpec(path=str(DEMO / "draft"), static_cache=True, cuda_graphs=True))  # needs cuda
+
+
+def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
+    """benchmarks/gpu_bench.py (the GPU benchmark, first run on a GPU only when one is lent) on a tiny random
+    shape on the CPU: every section produces a number, so the prepared script does not fail for a reason a CPU
+    could have shown. Not a measurement."""
+    import json
+    import subprocess
+    import sys
+
+    repo = DEMO.parents[1]
+    out = subprocess.run([sys.executable, str(repo / "benchmarks" / "gpu_bench.py"), "--device", "cpu", "--smoke",
+                          "--out", str(tmp_path / "g.md"), "--json", str(tmp_path / "g.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads((tmp_path / "g.json").read_text())
+    sections = [k for k in res if k.startswith(("tiny", "b(n)")) and not k.endswith("_seconds")]
+    assert len(sections) == 7, sections
+    assert not [k for k in sections if isinstance(res[k], dict) and "error" in res[k]], res
+    assert all(res[k] > 0 for k in sections if isinstance(res[k], float))
+    assert "| tiny b1 engine graphs |" in (tmp_path / "g.md").read_text()
+
+
 def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draft_dir):
     """The cost model of the speed model (lookahead_reasoning.core.calibration) on real engines: step times, b(n) for
     the asked n, and v(w) from the portable engine's step timings (which it switches back off)."""

@@ -28,6 +28,8 @@ def make_engine(spec, draft_engine=None) -> Engine:
         cfg = PortableEngineConfig(
             model=str(spec.resolved_path()), dtype=spec.dtype, device=spec.device, num_threads=spec.num_threads,
             max_batch_size=spec.max_batch_size, prefix_cache_mb=spec.prefix_cache_mb, compile=spec.compile,
+            static_cache=spec.static_cache, cuda_graphs=spec.cuda_graphs, graph_batch_sizes=spec.graph_batch_sizes,
+            graph_widths=spec.graph_widths,
             medusa_heads=str(spec.resolved_medusa()) if spec.medusa else None,
             eagle3_head=str(spec.resolved_eagle3()) if spec.eagle3 else None,
         )
