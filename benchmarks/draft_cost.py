@@ -1,21 +1,23 @@
 """The draft's cost ``c`` through the engine, eager against compiled, in one process (issue 19's ``c <= 0.12``).
 
 ``c`` is the draft's time per decoding step over the target's (Fu et al. 2025, section 3.2; measured as
-:func:`lookahead_reasoning.core.calibration.calibrate` does: wall time of a 16-token call on a representative
-chat prompt, per token, medians of within-round ratios). The script starts the profile's target once and the
+:func:`lookahead_reasoning.core.calibration.calibrate` does: wall time of a 16-token call on the chat prompt of one
+held-out problem of the demo task (long style), per token; each ``calibrate`` call takes the median of its 5 repeated
+within-repeat ratios). The script starts the profile's target once and the
 profile's draft twice, eager and with ``compile: true`` (``PortableEngineConfig.compile``: the decoding forwards
 through ``torch.compile``, compiled at start-up), then runs ``--rounds`` rounds; each round calibrates both drafts
 against the same target, in an order that alternates from round to round, so that neither setting always runs
 first. It prints per setting the median ``c`` over rounds with its range, the draft's and target's ms per token,
-and writes them as JSON (``--out``).
+and writes them as JSON (``--out``, with date, machine, command, each draft's start-up seconds and the load average).
 
-Usage: python benchmarks/draft_cost.py [--profile demo] [--rounds 6] [--out FILE]
+Usage: python benchmarks/draft_cost.py [--profile demo | --config FILE] [--rounds 6] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import sys
 import time
@@ -25,7 +27,7 @@ from lookahead_reasoning.backends import make_engine
 from lookahead_reasoning.core.calibration import calibrate
 from lookahead_reasoning.core.lookahead import LookaheadReasoner
 from lookahead_reasoning.evaluation.runner import load_average
-from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
+from lookahead_reasoning.evaluation.synthetic import DEFAULT_STYLE, EVAL_SEED, generate_problems
 from lookahead_reasoning.profiles import load_profile
 
 
@@ -43,18 +45,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"profile {profile.name!r} has no draft")
     load_start = load_average()
     target = make_engine(profile.target)
-    drafts = {}
-    for name, compiled in (("eager", False), ("compiled", True)):
-        t0 = time.perf_counter()
-        drafts[name] = make_engine(profile.draft.model_copy(update={"compile": compiled}))
-        print(f"draft {name}: started in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    question = generate_problems(1, EVAL_SEED + 17)[0].question
-    messages = [{"role": "user", "content": question}]
-    reasoner = LookaheadReasoner(target, drafts["eager"], None, reasoning_parser=profile.reasoning_parser)
-    tp = reasoner.prompt_ids(target, None, messages)
-    dp = reasoner.prompt_ids(drafts["eager"], None, messages)
-    samples: dict[str, list[dict]] = {name: [] for name in drafts}
+    drafts, startup_s = {}, {}
+    samples: dict[str, list[dict]] = {"eager": [], "compiled": []}
     try:
+        for name, compiled in (("eager", False), ("compiled", True)):
+            t0 = time.perf_counter()
+            drafts[name] = make_engine(profile.draft.model_copy(update={"compile": compiled}))
+            startup_s[name] = time.perf_counter() - t0
+            print(f"draft {name}: started in {startup_s[name]:.1f} s", file=sys.stderr)
+        question = generate_problems(1, EVAL_SEED + 17, style=DEFAULT_STYLE)[0].question
+        messages = [{"role": "user", "content": question}]
+        reasoner = LookaheadReasoner(target, drafts["eager"], None, reasoning_parser=profile.reasoning_parser)
+        tp = reasoner.prompt_ids(target, None, messages)
+        dp = reasoner.prompt_ids(drafts["eager"], None, messages)
         for r in range(args.rounds):
             order = list(drafts) if r % 2 == 0 else list(drafts)[::-1]
             for name in order:
@@ -77,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['draft_ms_median']:>13.3f} {s['target_ms_median']:>14.3f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"profile": profile.name, "rounds": args.rounds, "summary": summary,
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
+                               "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
+                               "profile": profile.name, "rounds": args.rounds, "startup_s": startup_s, "summary": summary,
                                "measurement": {"load_avg_start": load_start, "load_avg_end": load_average()}},
                               indent=2))
     print(f"wrote {out}", file=sys.stderr)
