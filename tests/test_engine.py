@@ -320,6 +320,36 @@ def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
     assert "| tiny b1 engine graphs |" in (tmp_path / "g.md").read_text()
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (DEMO.parent / "profiles").glob("*.yaml")))
+def test_profile_files_validate_and_find_their_checkpoints(name):
+    """Every profile file under engines/profiles validates, and the portable-runtime checkpoints (and heads) it
+    names are in the repository, so a documented ``--config`` never fails on a missing folder."""
+    from lookahead_reasoning.profiles import load_profile
+
+    p = load_profile(config=DEMO.parent / "profiles" / name)
+    for spec in (p.target, p.draft, p.judge):
+        if spec is not None and spec.runtime == "portable" and not spec.path.startswith(("Qwen/", "/")):
+            assert (spec.resolved_path() / "config.json").is_file(), spec.path
+            for heads in (spec.resolved_medusa(), spec.resolved_eagle3()):
+                assert heads is None or (heads / "config.json").is_file(), heads
+
+
+def test_candidate_trio_answers_a_held_out_problem():
+    """The committed one-run candidate (engines/candidates/one-run-f, not shipped) runs through the LR loop with
+    its profile and solves a held-out problem, so what RESULTS.md reports of it can be re-measured."""
+    from lookahead_reasoning.evaluation.answers import check_answer, load_items
+    from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
+
+    reasoner = build_reasoner(load_profile(config=DEMO.parent / "profiles" / "candidate-one-run-f.yaml"))
+    try:
+        item = load_items("synthetic", 1)[0]
+        res = reasoner.run(item.prompt)
+    finally:
+        close_reasoner(reasoner)
+    assert check_answer(item, res.text)
+    assert res.metrics.cycles > 0 and res.metrics.accepted_steps > 0
+
+
 def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draft_dir):
     """The cost model of the speed model (lookahead_reasoning.core.calibration) on real engines: step times, b(n) for
     the asked n, and v(w) from the portable engine's step timings (which it switches back off)."""
