@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     DEVICE = args.device
     shapes = ("tiny",) if args.smoke else ("Qwen3-32B", "Qwen3-1.7B")  # 32B first: b(n) feeds the speed model
-    context, new = (64, 12) if args.smoke else (512, args.new)
+    context, new = (64, 40) if args.smoke else (512, args.new)
     tok_dir = str(REPO / "engines" / "demo" / "target")
     import transformers
 

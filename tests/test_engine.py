@@ -304,6 +304,7 @@ def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
     shape on the CPU: every section produces a number, so the prepared script does not fail for a reason a CPU
     could have shown. Not a measurement."""
     import json
+    import math
     import subprocess
     import sys
 
@@ -316,7 +317,10 @@ def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
     sections = [k for k in res if k.startswith(("tiny", "b(n)")) and not k.endswith("_seconds")]
     assert len(sections) == 7, sections
     assert not [k for k in sections if isinstance(res[k], dict) and "error" in res[k]], res
-    assert all(res[k] > 0 for k in sections if isinstance(res[k], float))
+    # numbers, not their size: a 64-token prompt's step times on a tiny shape are within the noise of a busy CPU
+    # (transformers' figure is a difference of two timed generate calls, which noise can make negative)
+    assert all(isinstance(res[k], (float, dict)) for k in sections)
+    assert all(math.isfinite(v) for k in sections for v in (res[k].values() if isinstance(res[k], dict) else [res[k]]))
     assert "| tiny b1 engine graphs |" in (tmp_path / "g.md").read_text()
 
 
