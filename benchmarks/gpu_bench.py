@@ -53,7 +53,7 @@ def random_model(shape: str, context: int):
 
 def sync() -> None:
     if DEVICE.startswith("cuda"):
-        sync()
+        torch.cuda.synchronize()
 
 
 def time_generate(model, batch: int, context: int, new: int, **kw) -> float:
@@ -93,7 +93,7 @@ def engine_step_ms(engine, prompts, new: int) -> float:
     return 1e3 * statistics.median(steps)
 
 
-def section(results: dict, name: str, fn, budget_s: float, json_path: str) -> None:
+def section(results: dict, name: str, fn, budget_s: float, json_path: str, md_path: str) -> None:
     if time.perf_counter() - T0 > budget_s:
         results[name] = {"error": f"skipped: the {budget_s:.0f} s budget was spent"}
     else:
@@ -104,6 +104,7 @@ def section(results: dict, name: str, fn, budget_s: float, json_path: str) -> No
             results[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-1500:]}
         results[name + "_seconds"] = time.perf_counter() - t0
     Path(json_path).write_text(json.dumps(results, indent=2))
+    Path(md_path).write_text(markdown(results))  # a run stopped by its time limit keeps both
     print(f"[{time.perf_counter() - T0:6.1f} s] {name}: {json.dumps(results[name])[:400]}", flush=True)
 
 
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
                  "torch": torch.__version__, "transformers": transformers.__version__}
 
     def run(name, fn):
-        section(res, name, fn, args.budget_s, args.json)
+        section(res, name, fn, args.budget_s, args.json, args.out)
 
     for shape in shapes:
         if time.perf_counter() - T0 > args.budget_s:
@@ -138,7 +139,8 @@ def main(argv=None) -> int:
         engine = engine_for(model, tok_dir, (1, 2, 3, 4, 5, 6, 7, 8), long_ctx)
         for batch in (1, 4):
             prompts = [[(7 * i + j) % 1000 for j in range(context)] for i in range(batch)]
-            run(f"{shape} b{batch} engine graphs", lambda: engine_step_ms(engine, prompts, new))
+            mode = "graphs" if DEVICE.startswith("cuda") else "static cache"
+            run(f"{shape} b{batch} engine {mode}", lambda: engine_step_ms(engine, prompts, new))
         if shape in ("Qwen3-32B", "tiny"):
             base = [(13 * j) % 1000 for j in range(long_ctx)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from .core.errors import from_validation
 from .backends.base import SpecDecodeConfig
@@ -55,9 +55,10 @@ class ModelSpec(BaseModel):
                                                   "moves (PortableEngineConfig.static_cache)")
     cuda_graphs: bool = Field(False, description="portable runtime, GPU mode: replay captured CUDA graphs for "
                                                  "decoding steps (needs device cuda and static_cache)")
-    graph_batch_sizes: tuple[int, ...] = Field((1, 2, 4, 8), description="cuda_graphs: captured batch sizes")
-    graph_widths: tuple[int, ...] = Field((1,), description="cuda_graphs: captured new-token counts per row "
-                                                            "(1 + SD tokens)")
+    graph_batch_sizes: tuple[PositiveInt, ...] = Field((1, 2, 4, 8), min_length=1,
+                                                       description="cuda_graphs: captured batch sizes")
+    graph_widths: tuple[PositiveInt, ...] = Field((1,), min_length=1, description="cuda_graphs: captured new-token "
+                                                                                   "counts per row (1 + SD tokens)")
     url: str | None = Field(None, description="server address for the openai/triton runtimes")
     spec: str | None = Field(None, description="trtllm runtime: engine spec YAML (relative to the engines directory)")
     served_model: str | None = Field(None, description="openai runtime: model name on the server (default: first listed)")
@@ -73,6 +74,13 @@ class ModelSpec(BaseModel):
             for name in ("static_cache", "cuda_graphs", "compile"):
                 if getattr(self, name):
                     raise ValueError(f"{name}: a setting of the portable runtime (runtime is {self.runtime!r})")
+        elif self.cuda_graphs:  # PortableEngineConfig's rules, checked when the profile loads rather than at start-up
+            if not self.static_cache:
+                raise ValueError("cuda_graphs: needs static_cache")
+            if not self.device.startswith("cuda"):
+                raise ValueError(f"cuda_graphs: needs a cuda device (device is {self.device!r})")
+            if self.compile:
+                raise ValueError("compile: choose one of compile and cuda_graphs")
         if self.runtime == "llamacpp" and not self.path.endswith(".gguf"):
             raise ValueError(f"path: runtime 'llamacpp' needs a GGUF file, got {self.path!r}")
         return self

@@ -262,6 +262,7 @@ GPU_FIELDS = {"device", "num_threads", "static_cache", "cuda_graphs", "graph_bat
 def test_gpu_profile_is_the_demo_profile_in_gpu_mode():
     """``engines/profiles/demo-gpu.yaml`` (gpu_bench.sh's demo trio) is the ``demo`` profile with only the GPU
     settings changed (device, static cache, CUDA graphs), so its accuracy compares with the CPU's."""
+    from lookahead_reasoning.core.lookahead import DEFAULT_SD
     from lookahead_reasoning.profiles import PROFILES, load_profile
 
     p = load_profile(config=DEMO.parent / "profiles" / "demo-gpu.yaml")
@@ -271,6 +272,7 @@ def test_gpu_profile_is_the_demo_profile_in_gpu_mode():
         assert spec.device == "cuda" and spec.static_cache and spec.cuda_graphs
         assert spec.model_dump(exclude=GPU_FIELDS) == getattr(demo, role).model_dump(exclude=GPU_FIELDS)
     assert 1 + p.options.target_spec.num_speculative_tokens in p.target.graph_widths  # SD steps replay a graph
+    assert 1 + DEFAULT_SD.num_speculative_tokens in p.target.graph_widths  # n-gram SD rows (gpu_bench.sh's lr_bench)
     assert 1 + p.options.draft_spec.num_speculative_tokens in p.draft.graph_widths
     rest = {"name", "description", "target", "draft", "judge"}
     assert p.model_dump(exclude=rest) == demo.model_dump(exclude=rest)
@@ -295,8 +297,12 @@ def test_profile_gpu_settings_reach_the_engine():
     for field in ("static_cache", "cuda_graphs"):
         with pytest.raises(ValueError, match=field):
             ModelSpec(path="x.gguf", runtime="llamacpp", **{field: True})
-    with pytest.raises(ValueError, match="cuda_graphs"):
-        make_engine(ModelSpec(path=str(DEMO / "draft"), static_cache=True, cuda_graphs=True))  # needs cuda
+    for bad, field in (({"static_cache": True, "cuda_graphs": True}, "cuda_graphs"),  # device cpu
+                       ({"device": "cuda", "cuda_graphs": True}, "cuda_graphs"),  # no static cache
+                       ({"device": "cuda", "static_cache": True, "cuda_graphs": True, "compile": True}, "compile"),
+                       ({"graph_widths": ()}, "graph_widths"), ({"graph_batch_sizes": (0, 2)}, "graph_batch_sizes")):
+        with pytest.raises(ValueError, match=field):  # refused when the profile loads, naming the field
+            ModelSpec(path=str(DEMO / "draft"), **bad)
 
 
 def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
@@ -321,7 +327,24 @@ def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
     # (transformers' figure is a difference of two timed generate calls, which noise can make negative)
     assert all(isinstance(res[k], (float, dict)) for k in sections)
     assert all(math.isfinite(v) for k in sections for v in (res[k].values() if isinstance(res[k], dict) else [res[k]]))
-    assert "| tiny b1 engine graphs |" in (tmp_path / "g.md").read_text()
+    assert "| tiny b1 engine static cache |" in (tmp_path / "g.md").read_text()
+
+
+def test_gpu_bench_synchronizes_cuda(monkeypatch):
+    """gpu_bench's timings wait for the GPU (``torch.cuda.synchronize``) when the device is CUDA, and skip it on a
+    CPU: the smoke test above cannot reach the CUDA branch."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_bench", DEMO.parents[1] / "benchmarks" / "gpu_bench.py")
+    gb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gb)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(a))
+    monkeypatch.setattr(gb, "DEVICE", "cuda")
+    gb.sync()
+    monkeypatch.setattr(gb, "DEVICE", "cpu")
+    gb.sync()
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (DEMO.parent / "profiles").glob("*.yaml")))
@@ -344,7 +367,10 @@ def test_candidate_trio_answers_a_held_out_problem():
     from lookahead_reasoning.evaluation.answers import check_answer, load_items
     from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 
-    reasoner = build_reasoner(load_profile(config=DEMO.parent / "profiles" / "candidate-one-run-f.yaml"))
+    profile = load_profile(config=DEMO.parent / "profiles" / "candidate-one-run-f.yaml")
+    for spec in (profile.target, profile.draft, profile.judge):
+        assert spec.resolved_path().parent == DEMO.parent / "candidates" / "one-run-f"
+    reasoner = build_reasoner(profile)
     try:
         item = load_items("synthetic", 1)[0]
         res = reasoner.run(item.prompt)
