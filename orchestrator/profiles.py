@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from .core.errors import from_validation
-from .backends.base import SpecDecodeConfig
+from .backends.base import SpecDecodeConfig, check_gpu_mode
 from .backends.openai_http import Flavor
 from .core.lookahead import LROptions
 from .core.steps import ReasoningParser
@@ -74,13 +74,8 @@ class ModelSpec(BaseModel):
             for name in ("static_cache", "cuda_graphs", "compile"):
                 if getattr(self, name):
                     raise ValueError(f"{name}: a setting of the portable runtime (runtime is {self.runtime!r})")
-        elif self.cuda_graphs:  # PortableEngineConfig's rules, checked when the profile loads rather than at start-up
-            if not self.static_cache:
-                raise ValueError("cuda_graphs: needs static_cache")
-            if not self.device.startswith("cuda"):
-                raise ValueError(f"cuda_graphs: needs a cuda device (device is {self.device!r})")
-            if self.compile:
-                raise ValueError("compile: choose one of compile and cuda_graphs")
+        else:  # PortableEngineConfig's rules, checked when the profile loads rather than at start-up
+            check_gpu_mode(self.static_cache, self.cuda_graphs, self.device, self.compile)
         if self.runtime == "llamacpp" and not self.path.endswith(".gguf"):
             raise ValueError(f"path: runtime 'llamacpp' needs a GGUF file, got {self.path!r}")
         return self

@@ -389,6 +389,23 @@ class LoopThreadEngine(FutureEngineMixin):
         return self._run(self._many(requests))
 
 
+def check_gpu_mode(static_cache: bool, cuda_graphs: bool, device: str, compile: bool) -> None:
+    """The portable engine's GPU-mode rules, shared by its config and by profiles (which check them at load time).
+
+    Raises:
+        ValueError: naming the field: ``cuda_graphs`` without ``static_cache`` or off a cuda device (graphs replay
+        fixed buffers on a GPU; PyTorch "CUDA Graphs" docs), or ``compile`` together with ``cuda_graphs``.
+    """
+    if not cuda_graphs:
+        return
+    if not static_cache:
+        raise ValueError("cuda_graphs: needs static_cache")
+    if not device.startswith("cuda"):
+        raise ValueError(f"cuda_graphs: needs a cuda device (device is {device!r})")
+    if compile:
+        raise ValueError("compile: choose one of compile and cuda_graphs")
+
+
 def validate_request(req: GenerationRequest, vocab_size: int, context_length: int, multi_stop: bool = False) -> None:
     """Raise ``ValueError`` naming the field if ``req`` cannot be served: the rules every backend applies
     (``multi_stop``: the backend supports ``stop_count > 1``, see :func:`check_stop_fields`)."""

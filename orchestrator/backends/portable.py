@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .base import GenerationRequest, validate_request
+from .base import GenerationRequest, check_gpu_mode, validate_request
 from .kv_cache import BatchKVCache, PrefixCache
 from .eagle import Eagle3Head, Eagle3Proposer
 from .medusa import MedusaHeads, MedusaProposer
@@ -79,12 +79,7 @@ class PortableEngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_gpu_mode(self) -> "PortableEngineConfig":
-        if self.cuda_graphs and not self.static_cache:
-            raise ValueError("cuda_graphs: needs static_cache")
-        if self.cuda_graphs and not self.device.startswith("cuda"):
-            raise ValueError("cuda_graphs: needs a cuda device")
-        if self.compile and self.cuda_graphs:
-            raise ValueError("compile: choose one of compile and cuda_graphs")
+        check_gpu_mode(self.static_cache, self.cuda_graphs, self.device, self.compile)
         return self
 
 
