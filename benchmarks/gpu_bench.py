@@ -2,9 +2,12 @@
 
 Measures and writes a markdown table (``--out``) and JSON (``--json``, rewritten after every section, so a run
 stopped by its time limit keeps what it measured):
-1. ms per decoding step, random-weight Qwen3-1.7B and Qwen3-32B shapes (bf16), batch 1 and 4, context 512:
-   this engine in GPU mode (static KV cache + CUDA graphs), plain transformers ``generate`` (eager,
-   DynamicCache) and transformers' static cache (``cache_implementation="static"``, compiled by the library);
+1. ms per decoding step, random-weight Qwen3-32B and Qwen3-1.7B shapes (bf16), batch 1 and 4, context 512:
+   this engine in GPU mode (static KV cache + CUDA graphs) with its default attention (``grouped_sdpa``,
+   backends/attention.py) and with transformers' ``sdpa`` (keys and values copied per query head), plain
+   transformers ``generate`` (eager, DynamicCache) and, for the 1.7B shape only, transformers' static cache
+   (``cache_implementation="static"``, compiled by the library: on the 32B shape the compile outlasted a
+   160-second budget on an H200, 2026-12-04);
 2. ``b(n)`` for n = 1..8 branches sharing a 4096-token context (engine, GPU mode, Qwen3-32B shape): the cost of
    one target forward over n branches relative to one, the ``b(n)`` of the speed model (docs/design.md).
 The demo trio's ``ar`` vs ``lr+sd`` on the GPU is measured by ``benchmarks/lr_bench.py --config
@@ -71,13 +74,15 @@ def time_generate(model, batch: int, context: int, new: int, **kw) -> float:
     return 1e3 * (t_long - t_short) / (new - 8)  # per decoding step, prefill cancelled out
 
 
-def engine_for(model, tokenizer_dir: str, batch_sizes, context: int):
+def engine_for(model, tokenizer_dir: str, batch_sizes, context: int, attn: str = "auto"):
     from lookahead_reasoning.backends.portable import PortableEngine, PortableEngineConfig
 
     cfg = PortableEngineConfig(model=tokenizer_dir, dtype="bfloat16", device=DEVICE, static_cache=True,
                                static_cache_tokens=context + 256, cuda_graphs=DEVICE.startswith("cuda"),
                                graph_batch_sizes=tuple(batch_sizes), max_batch_size=max(batch_sizes),
-                               prefix_cache_mb=8192)
+                               prefix_cache_mb=8192, attn_implementation=attn)
+    if attn == "sdpa":
+        model.set_attn_implementation("sdpa")
     return PortableEngine(cfg, model=model)
 
 
@@ -136,26 +141,31 @@ def main(argv=None) -> int:
             break
         long_ctx = 256 if args.smoke else 4096
         model = random_model(shape, long_ctx)
-        engine = engine_for(model, tok_dir, (1, 2, 3, 4, 5, 6, 7, 8), long_ctx)
-        for batch in (1, 4):
-            prompts = [[(7 * i + j) % 1000 for j in range(context)] for i in range(batch)]
-            mode = "graphs" if DEVICE.startswith("cuda") else "static cache"
-            run(f"{shape} b{batch} engine {mode}", lambda: engine_step_ms(engine, prompts, new))
-        if shape in ("Qwen3-32B", "tiny"):
-            base = [(13 * j) % 1000 for j in range(long_ctx)]
+        mode = "graphs" if DEVICE.startswith("cuda") else "static cache"
+        for attn in ("auto", "sdpa"):  # auto = grouped_sdpa in GPU mode
+            label = "" if attn == "auto" else " (sdpa attention)"
+            engine = engine_for(model, tok_dir, (1, 2, 3, 4, 5, 6, 7, 8), long_ctx, attn)
+            for batch in (1, 4):
+                prompts = [[(7 * i + j) % 1000 for j in range(context)] for i in range(batch)]
+                run(f"{shape} b{batch} engine {mode}{label}", lambda: engine_step_ms(engine, prompts, new))
+            if shape in ("Qwen3-32B", "tiny"):
+                base = [(13 * j) % 1000 for j in range(long_ctx)]
 
-            def b_of_n():
-                ms = {n: engine_step_ms(engine, [base + [n, i] for i in range(n)], 24) for n in range(1, 9)}
-                return {str(n): ms[n] / ms[1] for n in ms} | {"ms_n1": ms[1]}
+                def b_of_n():
+                    ms = {n: engine_step_ms(engine, [base + [n, i] for i in range(n)], 24) for n in range(1, 9)}
+                    return {str(n): ms[n] / ms[1] for n in ms} | {"ms_n1": ms[1]}
 
-            run(f"b(n) {shape} ctx{long_ctx}", b_of_n)
-        engine.close()
+                run(f"b(n) {shape} ctx{long_ctx}{label}", b_of_n)
+            engine.close()
+            engine = None
+        model.set_attn_implementation("sdpa")  # transformers' own rows run its default attention
         for batch in (1, 4):
             run(f"{shape} b{batch} transformers eager", lambda: time_generate(model, batch, context, new))
-        for batch in (1, 4):  # last: the library compiles the model per batch size
-            run(f"{shape} b{batch} transformers static", lambda: time_generate(
-                model, batch, context, new, cache_implementation="static"))
-        model = engine = None  # free the weights before the next shape
+        if shape != "Qwen3-32B":
+            for batch in (1, 4):  # last: the library compiles the model per batch size
+                run(f"{shape} b{batch} transformers static", lambda: time_generate(
+                    model, batch, context, new, cache_implementation="static"))
+        model = None  # free the weights before the next shape
         if DEVICE.startswith("cuda"):
             torch.cuda.empty_cache()
     print(markdown(res))  # section() has written --json and --out after every section

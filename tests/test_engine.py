@@ -209,7 +209,8 @@ def test_static_cache_mode_equals_dynamic(model_dirs, reference):
     same greedy tokens as the dynamic cache, batched and with n-gram SD, including compaction."""
     eng = PortableEngine.from_pretrained(model_dirs[0], num_threads=1, static_cache=True,
                                          static_cache_tokens=160, max_batch_size=8, compact_slack=8)
-    try:
+    try:  # GPU mode's attention by default: grouped-query without copied keys/values (backends/attention.py)
+        assert eng.runner.model.config._attn_implementation == "grouped_sdpa"
         for spec in (SpecDecodeConfig(), NGRAM):
             res = eng.generate(_reqs(reference, spec))
             assert [r.token_ids for r in res] == [cut_at_eos(eng, ref) for _, ref in reference]
@@ -321,13 +322,14 @@ def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads((tmp_path / "g.json").read_text())
     sections = [k for k in res if k.startswith(("tiny", "b(n)")) and not k.endswith("_seconds")]
-    assert len(sections) == 7, sections
+    assert len(sections) == 10, sections  # grouped and sdpa engine rows, b(n) of each, transformers' rows
     assert not [k for k in sections if isinstance(res[k], dict) and "error" in res[k]], res
     # numbers, not their size: a 64-token prompt's step times on a tiny shape are within the noise of a busy CPU
     # (transformers' figure is a difference of two timed generate calls, which noise can make negative)
     assert all(isinstance(res[k], (float, dict)) for k in sections)
     assert all(math.isfinite(v) for k in sections for v in (res[k].values() if isinstance(res[k], dict) else [res[k]]))
-    assert "| tiny b1 engine static cache |" in (tmp_path / "g.md").read_text()
+    table = (tmp_path / "g.md").read_text()
+    assert "| tiny b1 engine static cache |" in table and "| tiny b4 engine static cache (sdpa attention) |" in table
 
 
 def test_gpu_bench_synchronizes_cuda(monkeypatch):

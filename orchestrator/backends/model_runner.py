@@ -128,10 +128,17 @@ class ModelRunner:
         self.device = torch.device(config.device)
         load_dtype = torch.float32 if config.dtype == "auto" and self.device.type == "cpu" else (
             DTYPES.get(config.dtype, torch.bfloat16))
+        attn = config.attn_implementation
+        if attn == "auto":
+            attn = "grouped_sdpa" if config.static_cache else "sdpa"
+        if attn == "grouped_sdpa":
+            from .attention import register
+
+            register()
         if model is None:
-            model = AutoModelForCausalLM.from_pretrained(
-                config.model, dtype=load_dtype, attn_implementation=config.attn_implementation
-            )
+            model = AutoModelForCausalLM.from_pretrained(config.model, dtype=load_dtype, attn_implementation=attn)
+        elif attn == "grouped_sdpa" and model.config._attn_implementation != attn:
+            model.set_attn_implementation(attn)  # a model built by the caller keeps its own otherwise
         model = model.to(self.device).eval()
         self.dtype_choice = DtypeChoice(config.dtype, "configured") if config.dtype != "auto" else None
         if self.dtype_choice is None:

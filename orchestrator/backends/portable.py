@@ -54,7 +54,9 @@ class PortableEngineConfig(BaseModel):
                             "micro-benchmark finds it faster for this model, else float32 (see choose_dtype)")
     device: str = "cpu"
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None = torch default")
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    attn_implementation: Literal["auto", "sdpa", "grouped_sdpa", "eager"] = Field(
+        "auto", description="auto: grouped_sdpa with static_cache (its mask spans every slot, so sdpa's copy of keys "
+                            "and values per query head costs most there; backends/attention.py), else sdpa")
     max_batch_size: int = Field(64, ge=1, description="rows in the running batch")
     prefix_cache: bool = True
     prefix_cache_mb: float = Field(256.0, gt=0, description="memory bound of the prefix cache, MiB")
