@@ -53,12 +53,23 @@ def test_injection_cannot_change_the_verdict_mechanism(judge, attack):
     # The verdict is still read from the one token after the pre-filled "[" at the very end.
     prefill = tok.encode(ASSISTANT_PREFILL, add_special_tokens=False)
     assert attacked[-len(prefill):] == prefill
-    verifier = LLMJudgeVerifier(judge)
+    verifier = LLMJudgeVerifier(judge, arithmetic_guard=False)  # the judge model itself, not the guard before it
     verdicts = asyncio.run(verifier.verify([(_step(TARGET, judge), _step(attack, judge))]))
     assert verdicts[0].accept is False  # a wrong computation stays rejected whatever the step says
+    assert verdicts[0].reason == "llm"
 
 
 def test_judge_still_accepts_a_true_paraphrase(judge):
     verifier = LLMJudgeVerifier(judge)
     verdicts = asyncio.run(verifier.verify([(_step(SAME[0], judge), _step(SAME[1], judge))]))
     assert verdicts[0].accept is True
+    assert verdicts[0].reason == "llm"  # the guard let it through to the judge
+
+
+def test_arithmetic_guard_rejects_before_the_judge(judge):
+    """A pair whose equations differ (swapped operands of a subtraction) is rejected by the guard, reason
+    ``arithmetic``; with the guard off the judge decides it."""
+    pair = (_step("Now she has 30 - 16 = 14 apples.", judge), _step("Now she has 16 - 30 = 14 apples.", judge))
+    guarded = asyncio.run(LLMJudgeVerifier(judge).verify([pair]))[0]
+    assert (guarded.accept, guarded.reason) == (False, "arithmetic")
+    assert asyncio.run(LLMJudgeVerifier(judge, arithmetic_guard=False).verify([pair]))[0].reason == "llm"

@@ -12,8 +12,8 @@ from lookahead_reasoning.core.lookahead import AdaptiveGamma, LROptions
 from lookahead_reasoning.core.calibration import CostModel
 from lookahead_reasoning.core.metrics import RequestMetrics, RoleCounters, iid_steps_per_cycle
 from lookahead_reasoning.core.steps import Step, StepConfig, split_reasoning, split_steps
-from lookahead_reasoning.core.verifiers import (NumericVerifier, RandomVerifier, VerifierConfig, make_verifier, normalize,
-                                                numbers)
+from lookahead_reasoning.core.verifiers import (NumericVerifier, RandomVerifier, VerifierConfig, equations, make_verifier,
+                                                normalize, numbers, same_arithmetic)
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,6 +107,30 @@ def test_numeric_same_numbers_and_result():
     ])
     assert [x.accept for x in got] == [True, False, True, True, False]
     assert numbers("-3.5 and 1,200 and x2") == [-3.5, 1200.0]
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ("Now 35 + 65 = 100 apples.", "Check: 65 + 35 = 100, which matches.", True),  # + commutes
+    ("That is 6 x 4 = 24.", "4 * 6 = 24 dollars.", True),  # x and * are one operator
+    ("So far: 48 dollars.", "That puts it at 48.", True),  # no equation: numbers decide
+    ("Now she has 30 - 16 = 14 apples.", "Now she has 16 - 30 = 14 apples.", False),  # - does not commute
+    ("So it is 272 / 2 = 136.", "So it is 2 / 272 = 136.", False),
+    ("That makes 68 + 43 = 111.", "That makes 18 + 43 = 61.", False),
+    ("That makes 1 x 2 = 2.", "That makes 1 / 2 = 2.", False),  # same numbers, other operator
+    ("Checking it, 48 + 452 = 500 is right.", "To verify: 52 + 448 = 500.", False),
+    ("He gives 22 books away.", "He gives 23 books away.", False),
+])
+def test_arithmetic_guard(a, b, same):
+    assert same_arithmetic(a, b) is same
+    assert same_arithmetic(b, a) is same
+
+
+def test_arithmetic_guard_is_a_config_field():
+    assert VerifierConfig().arithmetic_guard is True
+    assert VerifierConfig(arithmetic_guard=False).arithmetic_guard is False
+    with pytest.raises(ValueError, match="arithmetic_guard"):
+        VerifierConfig(arithmetic_guard="sometimes")
+    assert equations("1,000 x 3 = 3,000 and 9 - 2 = 7") == [(3.0, "x", 1000.0, 3000.0), (9.0, "-", 2.0, 7.0)]
 
 
 def test_random_verifier_is_seeded_and_has_no_shared_state():

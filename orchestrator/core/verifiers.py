@@ -10,7 +10,11 @@ pairs. Verifiers (the paper's ablation, arXiv 2506.19830 section 5):
 - ``llm``: LLM-as-judge (:mod:`.judge_prompt`): one generated token after a pre-filled ``[``;
 - ``random``: seeded coin flip with probability ``p`` (ablation only: it ruins accuracy).
 
-The semantic verifiers (numeric, embedding, llm) accept normalized matches without further work.
+The semantic verifiers (numeric, embedding, llm) accept normalized matches without further work. The
+judging ones (embedding, llm) then, by default, reject a pair whose arithmetic differs (:func:`same_arithmetic`)
+before the judge sees it: a small judge confuses one-digit differences and swapped operands (demo judge on
+held-out pairs: precision 0.95-0.96 on computation and check steps alone, 1.00 behind the guard; RESULTS.md,
+issue 19), and the guard costs no judge call.
 """
 
 from __future__ import annotations
@@ -60,6 +64,32 @@ def numbers(text: str) -> list[float]:
     return [float(m.group(0).replace(",", "")) for m in _NUMBER.finditer(text)]
 
 
+_NUM = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
+_EQUATION = re.compile(rf"(?<![\w.])({_NUM})\s*([-+x*/\u00d7\u00f7])\s*({_NUM})\s*=\s*({_NUM})")
+_OPS = {"*": "x", "\u00d7": "x", "\u00f7": "/"}
+
+
+def equations(text: str) -> list[tuple[float, str, float, float]]:
+    """The ``a op b = r`` equations in ``text`` (op one of ``+ - x * / \u00d7 \u00f7``), canonical and sorted:
+    ``*``/``\u00d7`` read as ``x``, ``\u00f7`` as ``/``, and the operands of ``+`` and ``x`` in ascending order (they
+    commute; ``-`` and ``/`` do not)."""
+    out = []
+    for a, op, b, r in _EQUATION.findall(text):
+        op = _OPS.get(op, op)
+        x, y = float(a.replace(",", "")), float(b.replace(",", ""))
+        if op in "+x":
+            x, y = min(x, y), max(x, y)
+        out.append((x, op, y, float(r.replace(",", ""))))
+    return sorted(out)
+
+
+def same_arithmetic(a: str, b: str) -> bool:
+    """The arithmetic guard: ``a`` and ``b`` state the same multiset of numbers and the same equations
+    (:func:`equations`: commuted operands of ``+``/``x`` allowed, of ``-``/``/`` not). A necessary condition for
+    two math steps to mean the same; wording is left to the judge."""
+    return sorted(numbers(a)) == sorted(numbers(b)) and equations(a) == equations(b)
+
+
 class ExactVerifier:
     name = "exact"
 
@@ -79,9 +109,11 @@ class NormalizedVerifier:
 
 
 class _Semantic:
-    """Normalized matches short-circuit; the rest go to :meth:`_judge`."""
+    """Normalized matches short-circuit; with ``arithmetic_guard`` pairs failing :func:`same_arithmetic` are
+    rejected (reason ``arithmetic``) without a judge call; the rest go to :meth:`_judge`."""
 
     name = "semantic"
+    arithmetic_guard = False
 
     async def verify(self, pairs):
         out: list[StepVerdict | None] = []
@@ -89,6 +121,8 @@ class _Semantic:
         for i, (t, d) in enumerate(pairs):
             if normalize(t.text) == normalize(d.text):
                 out.append(StepVerdict(True, 1.0, "normalized"))
+            elif self.arithmetic_guard and not same_arithmetic(t.text, d.text):
+                out.append(StepVerdict(False, 0.0, "arithmetic"))
             else:
                 out.append(None)
                 todo.append(i)
@@ -123,7 +157,8 @@ class EmbeddingVerifier(_Semantic):
 
     name = "embedding"
 
-    def __init__(self, threshold: float = 0.95, model_path: str | None = None) -> None:
+    def __init__(self, threshold: float = 0.95, model_path: str | None = None, arithmetic_guard: bool = True) -> None:
+        self.arithmetic_guard = arithmetic_guard
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as exc:  # pragma: no cover - depends on the optional extra
@@ -153,11 +188,13 @@ class LLMJudgeVerifier(_Semantic):
 
     Args:
         engine: the judge engine (its ``tokenizer`` builds the prompt with the model's chat template).
+        arithmetic_guard: reject pairs failing :func:`same_arithmetic` before the judge (default on).
     """
 
     name = "llm"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, arithmetic_guard: bool = True) -> None:
+        self.arithmetic_guard = arithmetic_guard
         self.engine = engine
         self.tokenizer = engine.tokenizer  # type: ignore[attr-defined]
         self.aligned_id, self.unaligned_id = verdict_token_ids(self.tokenizer)
@@ -204,6 +241,8 @@ class VerifierConfig(BaseModel):
     embedding_threshold: float = Field(0.95, ge=-1.0, le=1.0)
     random_p: float = Field(0.5, ge=0.0, le=1.0)
     seed: int = 0
+    arithmetic_guard: bool = Field(True, description="embedding and llm judges: reject a pair whose numbers or "
+                                   "equations differ (same_arithmetic) before the judge sees it")
 
 
 def make_verifier(config: VerifierConfig, judge_engine: Engine | None = None) -> Verifier:
@@ -220,12 +259,12 @@ def make_verifier(config: VerifierConfig, judge_engine: Engine | None = None) ->
     if name == "numeric":
         return NumericVerifier()
     if name == "embedding":
-        return EmbeddingVerifier(config.embedding_threshold)
+        return EmbeddingVerifier(config.embedding_threshold, arithmetic_guard=config.arithmetic_guard)
     if name == "random":
         return RandomVerifier(config.random_p, config.seed)
     if judge_engine is None:
         raise ValueError("judge: 'llm' needs a judge model (the profile has none)")
-    return LLMJudgeVerifier(judge_engine)
+    return LLMJudgeVerifier(judge_engine, arithmetic_guard=config.arithmetic_guard)
 
 
 async def timed_verify(verifier: Verifier, pairs, timeout_s: float | None) -> tuple[list[StepVerdict], float, bool]:
