@@ -81,9 +81,7 @@ def engine_for(model, tokenizer_dir: str, batch_sizes, context: int, attn: str =
                                static_cache_tokens=context + 256, cuda_graphs=DEVICE.startswith("cuda"),
                                graph_batch_sizes=tuple(batch_sizes), max_batch_size=max(batch_sizes),
                                prefix_cache_mb=8192, attn_implementation=attn)
-    if attn == "sdpa":
-        model.set_attn_implementation("sdpa")
-    return PortableEngine(cfg, model=model)
+    return PortableEngine(cfg, model=model)  # sets the model's attention in place
 
 
 def engine_step_ms(engine, prompts, new: int) -> float:

@@ -306,6 +306,22 @@ def test_profile_gpu_settings_reach_the_engine():
             ModelSpec(path=str(DEMO / "draft"), **bad)
 
 
+def test_attention_of_a_caller_model():
+    """A model handed to the engine keeps its attention unless the config names one (or GPU mode's ``auto``
+    picks grouped_sdpa); a named one is set in place."""
+    from lookahead_reasoning.backends.portable import PortableEngineConfig
+
+    model = AutoModelForCausalLM.from_pretrained(DEMO / "draft", attn_implementation="eager").eval()
+    for attn, want in (("auto", "eager"), ("sdpa", "sdpa"), ("grouped_sdpa", "grouped_sdpa")):
+        eng = PortableEngine(PortableEngineConfig(model=str(DEMO / "draft"), num_threads=1, dtype="float32",
+                                                  attn_implementation=attn), model=model)
+        try:
+            assert eng.runner.model.config._attn_implementation == want, attn
+            assert eng.generate([GenerationRequest(eng.encode("Given: 2 apples."), 4)])[0].token_ids
+        finally:
+            eng.close()
+
+
 def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
     """benchmarks/gpu_bench.py (the GPU benchmark, first run on a GPU only when one is lent) on a tiny random
     shape on the CPU: every section produces a number, so the prepared script does not fail for a reason a CPU

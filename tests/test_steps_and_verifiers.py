@@ -119,6 +119,14 @@ def test_numeric_same_numbers_and_result():
     ("That makes 1 x 2 = 2.", "That makes 1 / 2 = 2.", False),  # same numbers, other operator
     ("Checking it, 48 + 452 = 500 is right.", "To verify: 52 + 448 = 500.", False),
     ("He gives 22 books away.", "He gives 23 books away.", False),
+    ("3x4=12 pens.", "3 x 4 = 12 pens.", True),  # spacing
+    ("Now 30 -16 = 14.", "Now 30 - 16 = 14.", True),  # "-16" after a number is a minus, not a negative
+    ("30 \u2212 16 = 14", "30 - 16 = 14", True),  # Unicode minus
+    ("3 X 4 = 12", "3 x 4 = 12", True),
+    ("14 = 30 - 16, so 14 left.", "30 - 16 = 14 left.", True),  # result first: not read as an equation
+    ("2 + 3 + 4 = 9 in all.", "4 + 3 + 2 = 9 in all.", True),  # a chain of + commutes
+    ("10 - 2 + 1 = 9", "10 - 1 + 2 = 9", False),  # a mixed chain keeps its order
+    ("6 x 6 = 36, so 6 bags of 6.", "6 x 6 = 36", True),  # repeated numbers: a set, not a multiset
 ])
 def test_arithmetic_guard(a, b, same):
     assert same_arithmetic(a, b) is same
@@ -130,7 +138,7 @@ def test_arithmetic_guard_is_a_config_field():
     assert VerifierConfig(arithmetic_guard=False).arithmetic_guard is False
     with pytest.raises(ValueError, match="arithmetic_guard"):
         VerifierConfig(arithmetic_guard="sometimes")
-    assert equations("1,000 x 3 = 3,000 and 9 - 2 = 7") == [(3.0, "x", 1000.0, 3000.0), (9.0, "-", 2.0, 7.0)]
+    assert equations("1,000 x 3 = 3,000 and 9-2=7") == [((3.0, 1000.0), ("x",), 3000.0), ((9.0, 2.0), ("-",), 7.0)]
 
 
 def test_random_verifier_is_seeded_and_has_no_shared_state():

@@ -26,28 +26,33 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """Attention of ``query`` ``[rows, heads, width, head_dim]`` over ``key``/``value`` ``[rows, kv_heads, slots,
-    head_dim]`` under an additive or boolean ``attention_mask`` ``[rows, 1, width, slots]`` (or None: causal when
-    ``width > 1``, as transformers' ``sdpa``). Returns ``([rows, width, heads, head_dim], None)`` in the query's
-    dtype, the signature transformers' attention functions share.
+    head_dim]`` under an additive or boolean ``attention_mask`` ``[rows, 1, width, >= slots]`` (cut to ``slots``),
+    or with None: causal when ``width > 1``, aligned as SDPA's ``is_causal`` (query ``i`` sees keys ``0..i``: a
+    prefill into an empty cache, the one case transformers passes no mask with keys beyond the queries).
+    Returns ``([rows, width, heads, head_dim], None)`` in the query's dtype, the signature transformers'
+    attention functions share.
 
     Raises:
-        ValueError: ``heads`` is not a multiple of ``kv_heads``, or the mask has per-head rows.
+        ValueError: ``heads`` is not a multiple of ``kv_heads``; the mask has per-head rows; ``softcap`` is set
+            (as transformers' ``sdpa``).
     """
+    if kwargs.get("softcap") is not None:
+        raise ValueError("grouped_sdpa: softcap is not supported (use eager attention)")
     rows, heads, width, dim = query.shape
-    kv_heads = key.shape[1]
+    kv_heads, slots = key.shape[1], key.shape[2]
     if heads % kv_heads:
         raise ValueError(f"grouped_sdpa: {heads} query heads are not a multiple of {kv_heads} KV heads")
     g = heads // kv_heads
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    if attention_mask is None and causal and width > 1:  # explicit causal mask: positions fold with the heads
-        slots = key.shape[2]
-        allowed = torch.ones((width, slots), dtype=torch.bool, device=query.device).tril(slots - width)
-        attention_mask = allowed[None, None]
+    if attention_mask is None and causal and width > 1:  # explicit: positions fold with the heads below
+        attention_mask = torch.ones((width, slots), dtype=torch.bool, device=query.device).tril()[None, None]
+    if attention_mask is not None:
+        if attention_mask.shape[1] != 1:
+            raise ValueError("grouped_sdpa: the mask must be shared by all heads ([rows, 1, width, slots])")
+        attention_mask = attention_mask[..., :slots]
     if g > 1:
         query = query.reshape(rows, kv_heads, g * width, dim)
         if attention_mask is not None:
-            if attention_mask.shape[1] != 1:
-                raise ValueError("grouped_sdpa: the mask must be shared by all heads ([rows, 1, width, slots])")
             attention_mask = attention_mask.repeat(1, 1, g, 1)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                            dropout_p=dropout, scale=scaling, is_causal=False)

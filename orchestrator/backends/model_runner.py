@@ -112,7 +112,9 @@ class ModelRunner:
     Args:
         config: the engine's :class:`~.portable.PortableEngineConfig` (``model``, ``dtype``, ``device``,
             ``attn_implementation``, the GPU-mode fields).
-        model: an already built model (random weights for benchmarks); None loads ``config.model``.
+        model: an already built model (random weights for benchmarks); None loads ``config.model``. Its attention
+            implementation is set in place to the configured one (``auto`` with ``static_cache``: ``grouped_sdpa``);
+            with ``auto`` and no static cache it keeps its own.
 
     Attributes:
         model: the module, in ``dtype`` (``torch.dtype``), chosen as ``dtype_choice`` says.
@@ -137,8 +139,8 @@ class ModelRunner:
             register()
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(config.model, dtype=load_dtype, attn_implementation=attn)
-        elif attn == "grouped_sdpa" and model.config._attn_implementation != attn:
-            model.set_attn_implementation(attn)  # a model built by the caller keeps its own otherwise
+        elif (config.attn_implementation != "auto" or attn == "grouped_sdpa") and model.config._attn_implementation != attn:
+            model.set_attn_implementation(attn)  # in place; with auto and no static cache the caller's model keeps its own
         model = model.to(self.device).eval()
         self.dtype_choice = DtypeChoice(config.dtype, "configured") if config.dtype != "auto" else None
         if self.dtype_choice is None:

@@ -267,7 +267,7 @@ class LookaheadReasoner:
         return engine.encode(prompt)
 
     def verifier(self, config: VerifierConfig) -> Verifier:
-        key = (config.name, config.embedding_threshold, config.random_p, config.seed, config.arithmetic_guard)
+        key = tuple(sorted(config.model_dump().items()))  # every field, so no knob is shared by mistake
         if key not in self._verifiers:
             self._verifiers[key] = make_verifier(config, self.judge_engine)
         return self._verifiers[key]

@@ -64,30 +64,48 @@ def numbers(text: str) -> list[float]:
     return [float(m.group(0).replace(",", "")) for m in _NUMBER.finditer(text)]
 
 
+# Operators written between two numbers, whatever the spacing: "3x4=12", "30 -16", "30 \u2212 16", "3 X 4".
+_OPERATOR = re.compile(r"(?<=\d)\s*([-+xX*/=\u2212\u00d7\u00f7])\s*(?=-?\d)")
+_CANONICAL_OP = {"X": "x", "*": "x", "\u00d7": "x", "\u00f7": "/", "\u2212": "-"}
 _NUM = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
-_EQUATION = re.compile(rf"(?<![\w.])({_NUM})\s*([-+x*/\u00d7\u00f7])\s*({_NUM})\s*=\s*({_NUM})")
-_OPS = {"*": "x", "\u00d7": "x", "\u00f7": "/"}
+_CHAIN = re.compile(rf"(?<![\w.])({_NUM}(?: [-+x/] {_NUM})+) = ({_NUM})")
 
 
-def equations(text: str) -> list[tuple[float, str, float, float]]:
-    """The ``a op b = r`` equations in ``text`` (op one of ``+ - x * / \u00d7 \u00f7``), canonical and sorted:
-    ``*``/``\u00d7`` read as ``x``, ``\u00f7`` as ``/``, and the operands of ``+`` and ``x`` in ascending order (they
-    commute; ``-`` and ``/`` do not)."""
+def _spaced(text: str) -> str:
+    """``text`` with every operator between two numbers written ``a op b`` (one space each side, canonical
+    symbol), so that spacing and the symbol chosen do not change what the guard reads."""
+    return _OPERATOR.sub(lambda m: f" {_CANONICAL_OP.get(m.group(1), m.group(1))} ", text)
+
+
+def _num(token: str) -> float:
+    return float(token.replace(",", ""))
+
+
+def equations(text: str) -> list[tuple]:
+    """The ``a op b [op c ...] = r`` equations in ``text``, canonical and sorted; each is ``(operands, ops,
+    result)``. Operators ``+ - x / * \u00d7 \u00f7 \u2212`` in any spacing (``*``/``\u00d7`` read as ``x``,
+    ``\u00f7`` as ``/``, ``\u2212`` as ``-``). The operands of a chain of one commutative operator (``+`` or
+    ``x``) are sorted; other chains keep their order (``-`` and ``/`` do not commute). Equations written result
+    first (``r = a op b``) are not read."""
     out = []
-    for a, op, b, r in _EQUATION.findall(text):
-        op = _OPS.get(op, op)
-        x, y = float(a.replace(",", "")), float(b.replace(",", ""))
-        if op in "+x":
-            x, y = min(x, y), max(x, y)
-        out.append((x, op, y, float(r.replace(",", ""))))
+    for lhs, result in _CHAIN.findall(_spaced(text)):
+        parts = lhs.split(" ")
+        operands, ops = [_num(x) for x in parts[::2]], tuple(parts[1::2])
+        if len(set(ops)) == 1 and ops[0] in "+x":
+            operands.sort()
+        out.append((tuple(operands), ops, _num(result)))
     return sorted(out)
 
 
 def same_arithmetic(a: str, b: str) -> bool:
-    """The arithmetic guard: ``a`` and ``b`` state the same multiset of numbers and the same equations
-    (:func:`equations`: commuted operands of ``+``/``x`` allowed, of ``-``/``/`` not). A necessary condition for
-    two math steps to mean the same; wording is left to the judge."""
-    return sorted(numbers(a)) == sorted(numbers(b)) and equations(a) == equations(b)
+    """The arithmetic guard: ``a`` and ``b`` state the same set of numbers and, when both state equations, the
+    same equations (:func:`equations`). A necessary condition for two math steps to mean the same; wording is
+    left to the judge. It only rejects: a pair it passes still goes to the judge."""
+    a, b = _spaced(a), _spaced(b)
+    if set(numbers(a)) != set(numbers(b)):
+        return False
+    ea, eb = equations(a), equations(b)
+    return not (ea and eb) or ea == eb
 
 
 class ExactVerifier:
