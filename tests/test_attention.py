@@ -51,12 +51,31 @@ def test_grouped_sdpa_without_a_mask_is_causal_from_the_first_key(slots):
     torch.testing.assert_close(grouped_sdpa(layer, q, k2, v, None)[0][:, 0], got[:, 0])
 
 
+@pytest.mark.parametrize("width,is_causal", [(1, None), (4, False)])  # one-position decode; a bidirectional layer
+def test_grouped_sdpa_without_a_mask_and_not_causal_sees_every_key(width, is_causal):
+    q, k, v, _ = _qkv(2, 8, 2, width, 9, seed=width)
+    layer = Layer(4)
+    got, _ = grouped_sdpa(layer, q, k, v, None, is_causal=is_causal)
+    want, _ = sdpa_attention_forward(layer, q, k, v, None, is_causal=is_causal)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_sdpa_cuts_a_wider_mask_to_the_keys():
+    q, k, v, gen = _qkv(2, 8, 2, 3, 7, seed=5)
+    allowed = torch.rand(2, 1, 3, 12, generator=gen) > 0.3
+    allowed[..., 0] = True
+    got, _ = grouped_sdpa(Layer(4), q, k, v, allowed)
+    want, _ = sdpa_attention_forward(Layer(4), q, k, v, allowed[..., :7])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_grouped_sdpa_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="not a multiple"):
         grouped_sdpa(Layer(1), torch.zeros(1, 6, 1, 8), torch.zeros(1, 4, 5, 8), torch.zeros(1, 4, 5, 8), None)
     with pytest.raises(ValueError, match="shared by all heads"):
         grouped_sdpa(Layer(2), torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8),
                      torch.zeros(1, 4, 1, 5))
-    with pytest.raises(ValueError, match="softcap"):
-        grouped_sdpa(Layer(2), torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8), None,
-                     softcap=30.0)
+    for arg in ("softcap", "position_bias", "s_aux"):
+        with pytest.raises(ValueError, match=arg):
+            grouped_sdpa(Layer(2), torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8), None,
+                         **{arg: torch.zeros(1)})

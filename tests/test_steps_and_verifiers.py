@@ -127,6 +127,12 @@ def test_numeric_same_numbers_and_result():
     ("2 + 3 + 4 = 9 in all.", "4 + 3 + 2 = 9 in all.", True),  # a chain of + commutes
     ("10 - 2 + 1 = 9", "10 - 1 + 2 = 9", False),  # a mixed chain keeps its order
     ("6 x 6 = 36, so 6 bags of 6.", "6 x 6 = 36", True),  # repeated numbers: a set, not a multiset
+    ("5 \u2212 8 = \u22123", "5 - 8 = -3", True),  # Unicode minus as operator and sign
+    ("5 - 8 = -3", "8 - 5 = 3", False),
+    ("3.5 x 2 = 7 hours", "2 x 3.5 = 7", True),
+    ("10 + 5 = 15, then 15 x 2 = 30.", "15 x 2 = 30 after 10 + 5 = 15.", True),  # the same equations, reordered
+    ("Then 15 x 2 = 30 (10 + 5 = 15 first).", "10 + 5 = 15 and 15 x 2 = 31", False),
+    ("12\n-3 apples", "12 - 3", False),  # a line break is not an operator
 ])
 def test_arithmetic_guard(a, b, same):
     assert same_arithmetic(a, b) is same

@@ -33,11 +33,12 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     attention functions share.
 
     Raises:
-        ValueError: ``heads`` is not a multiple of ``kv_heads``; the mask has per-head rows; ``softcap`` is set
-            (as transformers' ``sdpa``).
+        ValueError: ``heads`` is not a multiple of ``kv_heads``; the mask has per-head rows; ``softcap``,
+            ``position_bias`` or ``s_aux`` (attention sinks) is set.
     """
-    if kwargs.get("softcap") is not None:
-        raise ValueError("grouped_sdpa: softcap is not supported (use eager attention)")
+    for arg in ("softcap", "position_bias", "s_aux"):  # transformers' extras this function does not apply
+        if kwargs.get(arg) is not None:
+            raise ValueError(f"grouped_sdpa: {arg} is not supported (use sdpa or eager attention)")
     rows, heads, width, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     if heads % kv_heads:
@@ -56,7 +57,7 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
             attention_mask = attention_mask.repeat(1, 1, g, 1)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                            dropout_p=dropout, scale=scaling, is_causal=False)
-    return out.reshape(rows, heads, width, dim).transpose(1, 2).contiguous(), None
+    return out.reshape(rows, heads, width, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 def register() -> str:
