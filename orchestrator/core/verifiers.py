@@ -61,7 +61,7 @@ _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
 
 def numbers(text: str) -> list[float]:
     """Numbers in ``text`` in order (``1,000`` -> 1000.0; ``-3.5`` and ``\u22123.5`` -> -3.5)."""
-    return [float(m.group(0).replace(",", "")) for m in _NUMBER.finditer(text.replace("\u2212", "-"))]
+    return [_num(m.group(0)) for m in _NUMBER.finditer(text.replace("\u2212", "-"))]
 
 
 # Operators written between two numbers, whatever the spacing: "3x4=12", "30 -16", "30 \u2212 16", "3 X 4".
@@ -88,8 +88,13 @@ def equations(text: str) -> list[tuple]:
     ``\u00f7`` as ``/``, ``\u2212`` as ``-``). The operands of a chain of one commutative operator (``+`` or
     ``x``) are sorted; other chains keep their order (``-`` and ``/`` do not commute). Equations written result
     first (``r = a op b``) are not read."""
+    return _equations(_spaced(text))
+
+
+def _equations(spaced: str) -> list[tuple]:
+    """:func:`equations` of a text already passed through :func:`_spaced`."""
     out = []
-    for lhs, result in _CHAIN.findall(_spaced(text)):
+    for lhs, result in _CHAIN.findall(spaced):
         parts = lhs.split(" ")
         operands, ops = [_num(x) for x in parts[::2]], tuple(parts[1::2])
         if len(set(ops)) == 1 and ops[0] in "+x":
@@ -107,7 +112,7 @@ def same_arithmetic(a: str, b: str) -> bool:
     a, b = _spaced(a), _spaced(b)
     if set(numbers(a)) != set(numbers(b)):
         return False
-    ea, eb = set(equations(a)), set(equations(b))
+    ea, eb = set(_equations(a)), set(_equations(b))
     return not (ea and eb) or ea <= eb or eb <= ea
 
 
