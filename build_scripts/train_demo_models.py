@@ -1113,7 +1113,8 @@ word, `]` and EOS, with loss on those answer tokens (negatives weighted higher, 
 "aligned" high), on labelled step pairs from `generate_step_pairs` (paraphrases, commutative reorders, and
 hard negatives: one digit changed, other operands, other operation, another step of the problem, a restated
 given against another event with the same numbers; half of the pairs drawn per step kind, so that the
-one-per-problem kinds are not rare) plus real
+one-per-problem kinds are not rare; long style: `--judge-given-pairs` more pairs of restated givens, the kind
+whose negatives differ in words only) plus real
 (target step, draft step) pairs that the trained target and draft wrote from gold prefixes of training
 problems, labelled with `steps_equivalent`.
 
@@ -1201,6 +1202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--judge-init", default="target",
                     help="'target' (the trained target's embeddings and first layers), 'scratch', or a judge "
                          "checkpoint folder to continue (its data order then differs from the first stage's)")
+    ap.add_argument("--judge-given-pairs", type=int, default=15000,
+                    help="extra synthetic pairs of restated givens (long style): their negatives differ in words only")
     ap.add_argument("--judge-real-problems", type=int, default=300, help="training problems whose real draft/target steps the judge sees")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--dev-every-steps", type=int, default=0, help="dev evaluation every N steps (0: every 5 min)")
@@ -1324,6 +1327,11 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     """Build judge data (synthetic + real draft/target pairs), train, save. Returns training facts."""
     n_syn = 400 if args.quick else 60000
     syn_pairs = syn.generate_step_pairs(n_syn, syn.derive_seed(args.seed, "judge-pairs"), style=args.style)
+    # restated givens are the kind whose negatives only the words tell apart (another event with the same
+    # numbers: the arithmetic guard passes them); the judge sees more of them
+    n_given = (40 if args.quick else args.judge_given_pairs) if args.style == "long" else 0
+    if n_given:
+        syn_pairs += syn.generate_step_pairs(n_given, syn.derive_seed(args.seed, "judge-given-pairs"), style="long", kinds=("given",))
     ex = judge_examples(tok, syn_pairs, "synthetic")
     # real pairs from training-distribution problems (never the evaluation seed)
     levels, weights = zip(*DIFFICULTY_MIX.items())
@@ -1356,6 +1364,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
                                           args.judge_neg_weight),
                      b, device, "judge", dev, dev_every_s=120.0, loss_fn=judge_loss_fn(device))
     facts["examples"] = len(ex)
+    facts["extra_given_pairs"] = n_given
     facts["real_pairs"] = len(real)
     facts["real_pairs_not_equivalent"] = len(real_neg)
     save_checkpoint(judge, tok, out / "judge")

@@ -307,3 +307,19 @@ def test_derive_seed_is_deterministic_and_never_a_held_out_seed():
     assert seeds == [syn.derive_seed(0, "train", i) for i in range(2000)]
     assert len(set(seeds)) == len(seeds) and not any(syn.is_reserved_seed(s) for s in seeds)
     assert syn.derive_seed(0, "a") != syn.derive_seed(0, "b") != syn.derive_seed(1, "b")
+
+
+def test_step_pairs_of_chosen_kinds():
+    """``kinds`` pairs only steps of those kinds (the judge's extra restated givens); the default set of pairs
+    is the same with ``kinds=None``; a kind the task does not have is refused."""
+    pairs = syn.generate_step_pairs(600, seed=4, style="long", kinds=("given",))
+    assert pairs == syn.generate_step_pairs(600, seed=4, style="long", kinds=("given",))
+    assert all(y == steps_equivalent(a, b) for a, b, y in pairs)
+    gold_kinds = {syn.step_meaning(a)[0] if y or syn.step_meaning(a)[0] == "given" else syn.step_meaning(b)[0]
+                  for a, b, y in pairs}
+    assert gold_kinds == {"given"}
+    assert 0.3 < sum(y for *_, y in pairs) / len(pairs) < 0.7
+    assert syn.generate_step_pairs(300, seed=4, style="long", kinds=None) == syn.generate_step_pairs(300, seed=4, style="long")
+    for style, bad in (("long", ()), ("long", ("gven",)), ("short", ("given",))):
+        with pytest.raises(ValueError, match="kinds"):
+            syn.generate_step_pairs(1, 0, style=style, kinds=bad)

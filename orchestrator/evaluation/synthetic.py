@@ -881,7 +881,8 @@ def _other_style(rng: random.Random, spec: StepSpec, frame: int, order: int) -> 
     return options[rng.randrange(len(options))] if options else (frame, order)
 
 
-def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style: str = "short") -> list[StepPair]:
+def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style: str = "short",
+                        kinds: Sequence[str] | None = None) -> list[StepPair]:
     """Labelled step pairs for training / evaluating the judge.
 
     About half the pairs are equivalent: the same computation in another wording (other sentence frame,
@@ -899,14 +900,23 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
         style: the problems' style (:data:`STYLES`); ``"long"`` pairs every step kind of the reasoning trace
             (restated givens, checks, summaries, plans, conclusions), with the same kinds of negatives: another
             number, another given or another step of the problem.
+        kinds: the step kinds to pair (:attr:`Problem.kinds` values: :data:`STEP_KINDS`, and in the long style
+            :data:`TRACE_KINDS` such as ``"given"``); ``None`` pairs every kind. Problems without any of them are
+            skipped.
 
     Returns:
         list[:class:`StepPair`] of length ``n``.
+
+    Raises:
+        ValueError: ``n < 0``, unknown ``style``, or ``kinds`` empty or naming a kind the style has not.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    allowed = STEP_KINDS + (TRACE_KINDS if style == "long" else ())
+    if kinds is not None and (not kinds or set(kinds) - set(allowed)):
+        raise ValueError(f"kinds must be step kinds of style {style!r} {allowed}, got {kinds!r}")
     rng = random.Random(seed)
     pairs: list[StepPair] = []
     while len(pairs) < n:
@@ -914,9 +924,11 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
         prob = _generate_one(rng, d, style)
         # half the pairs at a uniform position (computations and givens fill most of a trace), half at a
         # uniform kind first: the one-per-problem kinds (plan, conclude, final, ...) get pairs too
-        kinds = sorted(set(prob.kinds))
-        kind = kinds[rng.randrange(len(kinds))] if rng.random() < 0.5 else None
-        at = [i for i, k in enumerate(prob.kinds) if kind is None or k == kind]
+        present = sorted(set(prob.kinds) & set(kinds if kinds is not None else prob.kinds))
+        if not present:
+            continue
+        kind = present[rng.randrange(len(present))] if rng.random() < 0.5 else None
+        at = [i for i, k in enumerate(prob.kinds) if k == kind or kind is None and k in present]
         pairs.append(_make_pair(rng, prob, at[rng.randrange(len(at))]))
     return pairs
 
