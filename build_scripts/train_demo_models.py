@@ -1027,6 +1027,8 @@ the steps worded otherwise), as a small model of another family phrases steps it
 
     earlier = "".join(f"; continued from an earlier stage of {t['seconds'] / 60:.1f} min, {t['steps']:,} steps, "
                       f"{t['tokens'] / 1e6:.2f}M tokens" for t in tr.get("target_earlier_stages", []))
+    # what the commands above do not say (a stage replaced, why): eval.json's training["history"], written by hand
+    history = f"\n{tr['history']}\n" if tr.get("history") else ""
     earlier_judge = "".join(f"; continued from an earlier stage of {t['seconds'] / 60:.1f} min, {t['steps']:,} steps"
                             for t in tr.get("judge_earlier_stages", []))
     sp, m = res["speed"], res["machine"]
@@ -1126,7 +1128,7 @@ problems, labelled with `steps_equivalent`.
 | draft | {ttime('draft')} |
 | judge | {ttime('judge')} ({tr.get('judge', {}).get('examples', 'n/a')} examples){earlier_judge} |
 | total wall time | {tr.get('total_minutes', 'n/a')} min over {len(tr.get('commands', [])) or 1} run(s) (tokenizer, data, trainings, saving; evaluation not included) |
-
+{history}
 AdamW (betas 0.9/0.98, weight decay 0.05), linear warm-up, cosine decay to 10%, gradient clipping 1.0, fp32
 unless bf16 autocast measured faster at start-up. Machine: {tr.get('machine', m.get('processor'))}.
 

@@ -120,7 +120,7 @@ def test_prefix_cache_serves_shared_branches(engines):
 
 def test_stop_string_completing_token_stays(engines):
     target, _ = engines
-    ids = target.encode("Step 1: 4 + 4 = 8.")
+    ids = target.encode("Given: Mia has 4 boxes.\n\nMia has 4 x 2 = 8 pencils.\n\n")  # a trace prefix: the demo target goes on
     free = target.generate([GenerationRequest(ids, 40)])[0]
     text = free.text
     # Pick a stop string that occurs in the free continuation, possibly across token boundaries.
@@ -377,25 +377,6 @@ def test_profile_files_validate_and_find_their_checkpoints(name):
             assert (spec.resolved_path() / "config.json").is_file(), spec.path
             for heads in (spec.resolved_medusa(), spec.resolved_eagle3()):
                 assert heads is None or (heads / "config.json").is_file(), heads
-
-
-def test_candidate_trio_answers_a_held_out_problem():
-    """The committed one-run candidate (engines/candidates/one-run-f, not shipped) runs through the LR loop with
-    its profile and solves a held-out problem, so what RESULTS.md reports of it can be re-measured."""
-    from lookahead_reasoning.evaluation.answers import check_answer, load_items
-    from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
-
-    profile = load_profile(config=DEMO.parent / "profiles" / "candidate-one-run-f.yaml")
-    for spec in (profile.target, profile.draft, profile.judge):
-        assert spec.resolved_path().parent == DEMO.parent / "candidates" / "one-run-f"
-    reasoner = build_reasoner(profile)
-    try:
-        item = load_items("synthetic", 1)[0]
-        res = reasoner.run(item.prompt)
-    finally:
-        close_reasoner(reasoner)
-    assert check_answer(item, res.text)
-    assert res.metrics.cycles > 0 and res.metrics.accepted_steps > 0
 
 
 def test_calibration_measures_costs_through_the_engine(tiny_model_dir, tiny_draft_dir):
