@@ -1215,6 +1215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny budgets and evaluation sets")
     args = ap.parse_args(argv)
+    if args.judge_given_pairs < 0:
+        ap.error(f"--judge-given-pairs must be >= 0, got {args.judge_given_pairs}")
 
     torch.set_num_threads(args.threads)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -1331,7 +1333,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     syn_pairs = syn.generate_step_pairs(n_syn, syn.derive_seed(args.seed, "judge-pairs"), style=args.style)
     # restated givens are the kind whose negatives only the words tell apart (another event with the same
     # numbers: the arithmetic guard passes them); the judge sees more of them
-    n_given = (40 if args.quick else args.judge_given_pairs) if args.style == "long" else 0
+    n_given = (min(40, args.judge_given_pairs) if args.quick else args.judge_given_pairs) if args.style == "long" else 0
     if n_given:
         syn_pairs += syn.generate_step_pairs(n_given, syn.derive_seed(args.seed, "judge-given-pairs"), style="long", kinds=("given",))
     ex = judge_examples(tok, syn_pairs, "synthetic")

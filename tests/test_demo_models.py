@@ -116,7 +116,7 @@ def test_target_solves_held_out_problems(loaded):
         answer = split_reasoning(text, "deepseek_r1")[1] if style == "long" else text
         solved += syn.extract_answer(answer) == p.answer
         # the output is step-structured: steps separated by "\n\n", each saying one known thing (the v3 target
-        # garbles about one step in a hundred: "Ruby, 10 / 1 = 3 is right." in the 6th problem's trace)
+        # garbles a step now and then: "That puts it, 10." in the 6th trace)
         steps = text.split("\n\n")[:-1]
         assert steps, text
         unknown += [s for s in steps if syn.step_meaning(s)[0] == "text"]
@@ -124,7 +124,7 @@ def test_target_solves_held_out_problems(loaded):
         if style == "short":
             assert all(syn.parse_step(s) is not None for s in steps), text
     assert solved >= 5, f"target solved {solved}/6 held-out problems"
-    assert len(unknown) <= 0.03 * n_steps, unknown
+    assert len(unknown) <= 3, (unknown, n_steps)  # 1 of 137 steps on the machine that trained it
 
 
 def test_draft_writes_steps(loaded):

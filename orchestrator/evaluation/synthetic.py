@@ -908,14 +908,14 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
         list[:class:`StepPair`] of length ``n``.
 
     Raises:
-        ValueError: ``n < 0``, unknown ``style``, or ``kinds`` empty or naming a kind the style has not.
+        ValueError: ``n < 0``, unknown ``style``, or ``kinds`` a bare string, empty or naming a kind the style has not.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     allowed = STEP_KINDS + (TRACE_KINDS if style == "long" else ())
-    if kinds is not None and (not kinds or set(kinds) - set(allowed)):
+    if kinds is not None and (isinstance(kinds, str) or not kinds or set(kinds) - set(allowed)):
         raise ValueError(f"kinds must be step kinds of style {style!r} {allowed}, got {kinds!r}")
     rng = random.Random(seed)
     pairs: list[StepPair] = []
