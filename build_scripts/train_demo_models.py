@@ -1228,6 +1228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.draft_steps, args.draft_minutes = 30, 0.5
         args.judge_steps, args.judge_minutes = 30, 0.5
         args.judge_real_problems = 40
+        args.judge_given_pairs = min(args.judge_given_pairs, 40)
     eval_json = out / "eval.json"
     # A continuation (--only, --target-init, a judge checkpoint) adds a stage to the saved training record;
     # a full run from scratch starts a new one.
@@ -1333,7 +1334,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     syn_pairs = syn.generate_step_pairs(n_syn, syn.derive_seed(args.seed, "judge-pairs"), style=args.style)
     # restated givens are the kind whose negatives only the words tell apart (another event with the same
     # numbers: the arithmetic guard passes them); the judge sees more of them
-    n_given = (min(40, args.judge_given_pairs) if args.quick else args.judge_given_pairs) if args.style == "long" else 0
+    n_given = args.judge_given_pairs if args.style == "long" else 0
     if n_given:
         syn_pairs += syn.generate_step_pairs(n_given, syn.derive_seed(args.seed, "judge-given-pairs"), style="long", kinds=("given",))
     ex = judge_examples(tok, syn_pairs, "synthetic")
