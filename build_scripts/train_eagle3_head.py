@@ -11,7 +11,10 @@ TensorRT-LLM read (see :mod:`lookahead_reasoning.backends.eagle`).
 What it does, on the synthetic long-reasoning task of the demo trio:
 
 1. the target answers ``--problems`` training problems greedily (seeds derived from ``--seed``, never the
-   evaluation seeds) and ``--eval-problems`` held-out ones (``synthetic.EVAL_SEED``);
+   evaluation seeds) and ``--eval-problems`` held-out ones (``synthetic.EVAL_SEED``); ``--mixed-problems`` more
+   answers mix the draft's wording into the target's, labelled only where the target writes
+   (``train_medusa_heads.mixed_voice_rows``: inside Lookahead Reasoning the target reads contexts made mostly of
+   accepted drafted steps, and a head trained on its own answers alone proposes much worse there);
 2. one forward of the frozen target over each prompt + answer gives the three feature layers at every position;
 3. the head trains on random crops of ``--crop`` positions, ``--steps`` chained steps per crop (loss weighted
    ``0.8 ** s``), attending to a random window of 1 .. ``--window`` true positions (the engine keeps at most
@@ -43,7 +46,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_demo_models as tdm  # noqa: E402  (also puts the package on sys.path for a bare checkout)
-from train_medusa_heads import answers  # noqa: E402
+from train_medusa_heads import answer_rows, answers, mixed_voice_rows  # noqa: E402
 
 from lookahead_reasoning.backends.eagle import Eagle3Head  # noqa: E402
 
@@ -51,27 +54,33 @@ syn = tdm.syn
 
 
 @torch.inference_mode()
-def features(model, seqs: list[tuple[list[int], list[int]]], layers: tuple[int, ...], pad: int,
-             batch_size: int = 16) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-    """Per sequence ``(features [T, 3H] float16, ids [T] int64, answer start)``: the target's hidden states of
-    ``layers`` (``output_hidden_states`` indices) at every position of prompt + answer."""
+def features(model, rows: list[tuple[list[int], list[int]]], layers: tuple[int, ...], pad: int,
+             batch_size: int = 16) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per sequence ``(features [T, 3H] float16, ids [T] int64, labels [T] int64)``: the target's hidden states of
+    ``layers`` (``output_hidden_states`` indices) at every position of the row's ``ids``, and its labels (-100
+    where the target does not write the token: the prompt, the draft's wording; :mod:`train_medusa_heads`'
+    ``answer_rows`` / ``mixed_voice_rows``)."""
     out = []
-    for s in range(0, len(seqs), batch_size):
-        chunk = seqs[s: s + batch_size]
-        ids = [p + a for p, a in chunk]
-        ids_t, _ = tdm.pad_batch([(x, x) for x in ids], pad)
+    for s in range(0, len(rows), batch_size):
+        chunk = rows[s: s + batch_size]
+        ids_t, _ = tdm.pad_batch([(x, x) for x, _ in chunk], pad)
         states = model(input_ids=ids_t, output_hidden_states=True).hidden_states
         f = torch.cat([states[i] for i in layers], -1).half()
-        for r, (p, _) in enumerate(chunk):
-            out.append((f[r, : len(ids[r])].clone(), torch.tensor(ids[r]), len(p)))
+        for r, (ids, labels) in enumerate(chunk):
+            out.append((f[r, : len(ids)].clone(), torch.tensor(ids), torch.tensor(labels)))
     return out
+
+
+def first_label(item) -> int:
+    """Index of the row's first labelled token (its answer's start)."""
+    return int((item[2] != -100).nonzero()[0, 0])
 
 
 def crop(item, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One crop of a sequence from position ``start``: features ``[length, 3H]`` (pair ``j`` = position
     ``start + j``), ``nxt [length]`` (the token after each position), ``label [length]`` (the token two after;
-    -100 inside the prompt, past the end and in the padding)."""
-    feat, ids, a = item
+    -100 where that token is unlabelled, past the end and in the padding)."""
+    feat, ids, labels = item
     end = min(start + length, len(ids) - 2)
     m = max(0, end - start)
     f = torch.zeros((length, feat.shape[1]), dtype=torch.float32)
@@ -79,8 +88,7 @@ def crop(item, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor, tor
     t1 = torch.zeros(length, dtype=torch.long)
     t1[:m] = ids[start + 1: end + 1]
     t2 = torch.full((length,), -100, dtype=torch.long)
-    t2[:m] = ids[start + 2: end + 2]
-    t2[: max(0, a - start - 2)] = -100
+    t2[:m] = labels[start + 2: end + 2]
     return f, t1, t2
 
 
@@ -89,8 +97,8 @@ def random_crops(data, n: int, length: int, gen: torch.Generator):
     ``(features [n, length, 3H], nxt [n, length], label [n, length])``."""
     out = []
     for i in torch.randint(len(data), (n,), generator=gen).tolist():
-        _, ids, a = data[i]
-        lo = max(0, a - 2)
+        ids = data[i][1]
+        lo = max(0, first_label(data[i]) - 2)
         start = int(torch.randint(lo, max(lo + 1, len(ids) - 2), (1,), generator=gen))
         out.append(crop(data[i], start, length))
     return tuple(torch.stack(x) for x in zip(*out))
@@ -130,8 +138,7 @@ def chain_metrics(head: Eagle3Head, data, steps: int, window: int, length: int =
     hits, reached, anchors = [0] * steps, [0] * steps, 0
     with torch.inference_mode():
         for item in data:
-            _, ids, a = item
-            for start in range(max(0, a - 2), len(ids) - 2, length):
+            for start in range(max(0, first_label(item) - 2), len(item[1]) - 2, length):
                 f, n, lab = (x[None] for x in crop(item, start, length))
                 right = torch.stack([lg.argmax(-1) == lab for lg in ttt_logits(head, f, n, steps, window)])[:, 0]
                 valid = (lab[0] != -100).tolist()
@@ -164,6 +171,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=32, help="true positions the head attends to (engine's window)")
     ap.add_argument("--crop", type=int, default=96, help="positions per training crop")
     ap.add_argument("--problems", type=int, default=960, help="training problems the target answers")
+    ap.add_argument("--mixed-problems", type=int, default=960,
+                    help="training problems whose answers mix in the draft's wording (mixed_voice_rows; 0: none)")
     ap.add_argument("--eval-problems", type=int, default=100)
     ap.add_argument("--minutes", type=float, default=12.0, help="time budget of the head training")
     ap.add_argument("--max-steps", type=int, default=3400, help="optimizer steps (the learning-rate schedule's length)")
@@ -175,6 +184,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.problems, args.eval_problems, args.minutes = 16, 4, 0.3
+        args.mixed_problems = min(args.mixed_problems, 16)
     if args.threads:
         torch.set_num_threads(args.threads)
     t_start = time.time()
@@ -194,10 +204,14 @@ def main() -> None:
     gen_s = time.time() - t0
     cfg = Eagle3Head.config_for(model.config, attention_window=args.window)
     model.float()
-    train = features(model, train_seqs, cfg.aux_layers, pad)
-    held = features(model, eval_seqs, cfg.aux_layers, pad)
+    mixed = mixed_voice_rows(tok, args.mixed_problems, args.seed, style)
+    train = features(model, answer_rows(train_seqs) + mixed, cfg.aux_layers, pad)
+    held = features(model, answer_rows(eval_seqs), cfg.aux_layers, pad)
+    held_mixed = features(model, mixed_voice_rows(tok, args.eval_problems, args.seed, style, eval_set=True),
+                          cfg.aux_layers, pad)
     head = Eagle3Head(cfg, model.get_input_embeddings().weight, lm_head=model.get_output_embeddings().weight)
     before = chain_metrics(head, held, args.steps, args.window)
+    before_mixed = chain_metrics(head, held_mixed, args.steps, args.window)
 
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -233,6 +247,7 @@ def main() -> None:
     train_s = time.time() - t1
     head.eval()
     after = chain_metrics(head, held, args.steps, args.window)
+    after_mixed = chain_metrics(head, held_mixed, args.steps, args.window)
     out = Path(args.out)
     head.save_pretrained(out, base_model=Path(args.target).name)
     report = {
@@ -242,10 +257,12 @@ def main() -> None:
         "target": _shown(args.target),
         "aux_layers": list(cfg.aux_layers), "window": args.window, "steps": args.steps,
         "parameters": sum(p.numel() for p in params),
-        "train": {"problems": args.problems, "optimizer_steps": step, "crops_per_step": args.batch_size,
+        "train": {"problems": args.problems, "mixed_voice_problems": args.mixed_problems, "optimizer_steps": step,
+                  "crops_per_step": args.batch_size,
                   "crop": args.crop, "stopped_by": stopped, "seconds": round(train_s, 1),
                   "final_loss_ema": round(ema or 0.0, 4), "generation_seconds": round(gen_s, 1)},
-        "held_out": {"problems": args.eval_problems, "seed": syn.EVAL_SEED, "untrained": before, "trained": after},
+        "held_out": {"problems": args.eval_problems, "seed": syn.EVAL_SEED, "untrained": before, "trained": after,
+                     "mixed_voices": {"untrained": before_mixed, "trained": after_mixed}},
         "total_seconds": round(time.time() - t_start, 1),
     }
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -262,6 +279,9 @@ def _shown(path: str) -> str:
 def model_card(r: dict) -> str:
     """The head's model card: what it is, how it was trained, what it reaches on held-out answers."""
     t, u, tr = r["held_out"]["trained"], r["held_out"]["untrained"], r["train"]
+    mx = r["held_out"].get("mixed_voices")
+    mixed = (f": {mx['trained']['tokens_per_forward']:.2f} tokens per target forward "
+             f"(untrained {mx['untrained']['tokens_per_forward']:.2f})") if mx else ": not measured"
     rows = "\n".join(f"| {i + 1} | {u['chain_acceptance_by_depth'][i]:.3f} | {t['chain_acceptance_by_depth'][i]:.3f} |"
                      for i in range(r["steps"]))
     return f"""# EAGLE-3 draft head for the demo target
@@ -270,7 +290,9 @@ One EAGLE-3 draft layer ({r['parameters']:,} trained parameters; the target's to
 the features of `{r['target']}`'s layers {r['aux_layers']} (`output_hidden_states` indices: the inputs of those
 decoder layers), Li et al. 2025, "EAGLE-3", section 3, with training-time test over {r['steps']} steps and attention
 over at most {r['window']} past positions. Trained by self-distillation on the target's own greedy answers to
-{tr['problems']} synthetic training problems ({tr['optimizer_steps']} steps of {tr['crops_per_step']} crops of
+{tr['problems']} synthetic training problems and on {tr.get('mixed_voice_problems', 0)} answers that mix the draft's
+wording into the target's, as Lookahead Reasoning's contexts do (only the target's own steps are learned;
+`train_medusa_heads.mixed_voice_rows`) ({tr['optimizer_steps']} steps of {tr['crops_per_step']} crops of
 {tr['crop']} positions in {tr['seconds']:.0f} s, stopped by {tr['stopped_by']}; the target's answers took
 {tr['generation_seconds']:.0f} s). Layout: SafeAILab/EAGLE's EAGLE-3 checkpoint, read by vLLM (`llama_eagle3.py`) and
 TensorRT-LLM (`Eagle3DecodingConfig(speculative_model_dir=...)`): `model.safetensors` (`fc`, `midlayer.*`, `norm`,
@@ -288,6 +310,7 @@ TensorRT-LLM (`Eagle3DecodingConfig(speculative_model_dir=...)`): `model.safeten
 
 Mean accepted proposals per decoding forward with {r['steps']} proposals: **{t['mean_accepted_per_forward']:.2f}**
 (untrained {u['mean_accepted_per_forward']:.2f}), i.e. {t['tokens_per_forward']:.2f} tokens per target forward.
+On the same held-out problems with the draft's wording mixed into the context{mixed}.
 These are offline figures on the target's own answers (walked in crops of 256 positions from two before the answer,
 so a position sees up to the window of answer positions before it, never the prompt's); the engine's acceptance also depends on
 the schedule, on stops and on how many positions a row has after its prefill, and is reported by

@@ -10,12 +10,17 @@ What it does, on the synthetic long-reasoning task of the demo trio:
 
 1. the target answers ``--problems`` training problems greedily (seeds derived from ``--seed``, never the
    evaluation seeds), and ``--eval-problems`` held-out ones (``synthetic.EVAL_SEED``);
-2. one forward of the frozen target over each prompt + answer gives the last hidden states (post final norm);
-3. the heads train on (hidden state, token ``i + 2`` ahead) for every answer position, loss weighted
-   ``0.8 ** i`` per head as in the paper's training recipe, for ``--minutes`` at most;
-4. top-1 accuracy per head and the chain acceptance the engine would see (head ``i``'s proposal counts only
+2. ``--mixed-problems`` more answers mix the draft's wording into the target's (:func:`mixed_voice_rows`): inside
+   Lookahead Reasoning the target reads contexts made mostly of accepted drafted steps, and heads trained on its
+   own answers alone propose much worse there (lr_bench 2026-12-04, 100 problems: 1.99 tokens per target forward
+   inside LR against 2.74 in plain decoding; 2.61 inside LR with the ``exact`` judge, whose contexts hold only
+   the target's own steps);
+3. one forward of the frozen target over each prompt + answer gives the last hidden states (post final norm);
+4. the heads train on (hidden state, token ``i + 2`` ahead) for every position whose next token the target
+   writes, loss weighted ``0.8 ** i`` per head as in the paper's training recipe, for ``--minutes`` at most;
+5. top-1 accuracy per head and the chain acceptance the engine would see (head ``i``'s proposal counts only
    when heads ``0..i-1`` were right, and the base head's token is always kept) are measured on the held-out
-   answers and written to ``<out>/eval.json``.
+   answers, and on held-out mixed-voice answers, and written to ``<out>/eval.json``.
 
 Usage::
 
@@ -52,24 +57,55 @@ def answers(model, tok, problems, batch_size: int, desc: str) -> list[tuple[list
     return list(zip(prompts, outs))
 
 
+def answer_rows(seqs: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """``(ids, labels)`` rows of prompt + answer pairs: ``labels`` are the ids, -100 over the prompt."""
+    return [(p + a, [-100] * len(p) + a) for p, a in seqs]
+
+
+def mixed_voice_rows(tok, n: int, seed: int, style: str, eval_set: bool = False) -> list[tuple[list[int], list[int]]]:
+    """``(ids, labels)`` rows whose answers mix the draft's wording into the target's, as the contexts of
+    Lookahead Reasoning do once the judge accepts drafted steps: :func:`train_demo_models.lm_example` with a
+    random share of the steps in the other voice, labels -100 over the prompt and over those steps, so only
+    what the target itself writes is learned. The answers are the task's own solutions in the target's voice,
+    which the demo target was trained to write (its held-out accuracy is in its card), not generated ones.
+
+    Args:
+        n: problems; ``seed``: drawn as the training problems (difficulty mix) from it, or with ``eval_set`` the
+            held-out problems (``synthetic.EVAL_SEED``, default difficulty) with ``seed`` choosing the mixing.
+    """
+    eos = tok.convert_tokens_to_ids(tdm.EOS)
+    rng = random.Random(seed)
+    if eval_set:
+        problems = syn.generate_problems(n, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style)
+    else:
+        levels, weights = zip(*tdm.DIFFICULTY_MIX.items())
+        problems = [syn.generate_problems(1, syn.derive_seed(seed, "mixed-voices", i), rng.choices(levels, weights)[0],
+                                          style)[0] for i in range(n)]
+    return [tdm.lm_example(tok, p, eos, rng) for p in problems]
+
+
 @torch.inference_mode()
-def features(model, seqs: list[tuple[list[int], list[int]]], pad: int, batch_size: int = 16
+def features(model, rows: list[tuple[list[int], list[int]]], pad: int, batch_size: int = 16
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training pairs from the frozen target: ``hidden [N, H]`` float32 at every answer position that has a
-    token after the next one, and ``ahead [N, H_max]`` int64, the tokens 2, 3, ... positions later (-100 past
-    the end). Each position ``t`` is the one whose base head predicts token ``t + 1``."""
+    """Training pairs from the frozen target: ``hidden [N, H]`` float32 at every position whose next token is
+    labelled (the target writes it) and that has a token after the next one, and ``ahead [N, H_max]`` int64, the
+    tokens 2, 3, ... positions later (-100 past the end and where unlabelled). Each position ``t`` is the one
+    whose base head predicts token ``t + 1``.
+
+    Args:
+        rows: ``(ids, labels)`` per sequence (:func:`answer_rows`, :func:`mixed_voice_rows`).
+    """
     hs, ys = [], []
     decoder = model.get_decoder()
-    for s in range(0, len(seqs), batch_size):
-        chunk = seqs[s: s + batch_size]
-        ids = [p + a for p, a in chunk]
-        ids_t, _ = tdm.pad_batch([(x, x) for x in ids], pad)
+    for s in range(0, len(rows), batch_size):
+        chunk = rows[s: s + batch_size]
+        ids_t, _ = tdm.pad_batch([(x, x) for x, _ in chunk], pad)
         hidden = decoder(input_ids=ids_t).last_hidden_state.float()
-        for r, (p, a) in enumerate(chunk):
-            start, end = len(p) - 1, len(ids[r]) - 2  # from the last prompt token on
-            padded = torch.tensor(ids[r] + [-100] * HEAD_CAP)
-            hs.append(hidden[r, start:end])
-            ys.append(padded[torch.arange(start, end)[:, None] + 2 + torch.arange(HEAD_CAP)[None]])
+        for r, (ids, labels) in enumerate(chunk):
+            lab = torch.tensor(labels + [-100] * (HEAD_CAP + 1))
+            pos = torch.tensor([t for t in range(len(ids) - 2) if labels[t + 1] != -100], dtype=torch.long)
+            hs.append(hidden[r, pos])
+            ys.append(lab[pos[:, None] + 2 + torch.arange(HEAD_CAP)[None]])
     return torch.cat(hs), torch.cat(ys)
 
 
@@ -104,6 +140,8 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=1, help="residual blocks per head")
     ap.add_argument("--problems", type=int, default=960, help="training problems the target answers")
+    ap.add_argument("--mixed-problems", type=int, default=960,
+                    help="training problems whose answers mix in the draft's wording (mixed_voice_rows; 0: none)")
     ap.add_argument("--eval-problems", type=int, default=100)
     ap.add_argument("--minutes", type=float, default=10.0, help="time budget of the head training")
     ap.add_argument("--epochs", type=int, default=24)
@@ -117,6 +155,7 @@ def main() -> None:
         raise SystemExit(f"--heads: must be 1..{HEAD_CAP}")
     if args.quick:
         args.problems, args.eval_problems, args.minutes = 16, 4, 0.3
+        args.mixed_problems = min(args.mixed_problems, 16)
     if args.threads:
         torch.set_num_threads(args.threads)
     t_start = time.time()
@@ -134,11 +173,14 @@ def main() -> None:
     train_seqs = answers(model, tok, train_p, 64, "target answers (train)")
     eval_seqs = answers(model, tok, eval_p, 64, "target answers (held out)")
     gen_s = time.time() - t0
-    hidden, ahead = features(model, train_seqs, pad)
-    ev_hidden, ev_ahead = features(model, eval_seqs, pad)
+    mixed = mixed_voice_rows(tok, args.mixed_problems, args.seed, style)
+    hidden, ahead = features(model, answer_rows(train_seqs) + mixed, pad)
+    ev_hidden, ev_ahead = features(model, answer_rows(eval_seqs), pad)
+    ev_mixed = features(model, mixed_voice_rows(tok, args.eval_problems, args.seed, style, eval_set=True), pad)
     lm_head = model.get_output_embeddings().weight.detach().float()
     heads = MedusaHeads(hidden.shape[1], lm_head.shape[0], args.heads, args.layers, lm_head=lm_head)
     before = chain_metrics(heads, ev_hidden, ev_ahead)
+    before_mixed = chain_metrics(heads, *ev_mixed)
 
     opt = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)
     n = hidden.shape[0]
@@ -178,6 +220,7 @@ def main() -> None:
     train_s = time.time() - t1
     heads.eval()
     after = chain_metrics(heads, ev_hidden, ev_ahead)
+    after_mixed = chain_metrics(heads, *ev_mixed)
     out = Path(args.out)
     heads.save_pretrained(out, base_model=Path(args.target).name)
     report = {
@@ -187,10 +230,12 @@ def main() -> None:
         "target": str(args.target),
         "heads": args.heads, "layers": args.layers,
         "parameters": sum(p.numel() for p in heads.parameters()),
-        "train": {"problems": args.problems, "positions": n, "steps": step, "stopped_by": stopped,
+        "train": {"problems": args.problems, "mixed_voice_problems": args.mixed_problems, "positions": n,
+                  "steps": step, "stopped_by": stopped,
                   "seconds": round(train_s, 1), "final_loss_ema": round(ema or 0.0, 4),
                   "generation_seconds": round(gen_s, 1)},
-        "held_out": {"problems": args.eval_problems, "seed": syn.EVAL_SEED, "untrained": before, "trained": after},
+        "held_out": {"problems": args.eval_problems, "seed": syn.EVAL_SEED, "untrained": before, "trained": after,
+                     "mixed_voices": {"untrained": before_mixed, "trained": after_mixed}},
         "total_seconds": round(time.time() - t_start, 1),
     }
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -201,15 +246,19 @@ def main() -> None:
 def model_card(r: dict) -> str:
     """The heads' model card: what they are, how they were trained, what they reach on held-out answers."""
     t, u, tr = r["held_out"]["trained"], r["held_out"]["untrained"], r["train"]
+    mx = r["held_out"].get("mixed_voices")
+    mixed = (f": {mx['trained']['tokens_per_forward']:.2f} tokens per target forward "
+             f"(untrained {mx['untrained']['tokens_per_forward']:.2f})") if mx else ": not measured"
     rows = "\n".join(f"| {i} (token t+{i + 2}) | {u['top1_by_head'][i]:.3f} | {t['top1_by_head'][i]:.3f} | "
                      f"{t['chain_acceptance_by_depth'][i]:.3f} |" for i in range(r["heads"]))
     return f"""# Medusa heads for the demo target
 
 {r['heads']} Medusa heads ({r['layers']} residual block each, {r['parameters']:,} parameters) on the last hidden state
 of `{r['target']}` (Cai et al. 2024, "Medusa", section 2.1.1; Medusa-1: the target frozen), trained by
-self-distillation on the target's own greedy answers to {tr['problems']} synthetic training problems
-({tr['positions']:,} positions, {tr['steps']} steps in {tr['seconds']:.0f} s, stopped by {tr['stopped_by']}; the
-target's answers took {tr['generation_seconds']:.0f} s). Layout: FasterDecoding/Medusa's, which TensorRT-LLM's
+self-distillation on the target's own greedy answers to {tr['problems']} synthetic training problems and on
+{tr.get('mixed_voice_problems', 0)} answers that mix the draft's wording into the target's, as Lookahead Reasoning's
+contexts do (only the target's own steps are learned; `mixed_voice_rows`) ({tr['positions']:,} positions,
+{tr['steps']} steps in {tr['seconds']:.0f} s, stopped by {tr['stopped_by']}; the target's answers took {tr['generation_seconds']:.0f} s). Layout: FasterDecoding/Medusa's, which TensorRT-LLM's
 Medusa conversion reads (`medusa_lm_head.safetensors`, `config.json` with `medusa_num_heads` /
 `medusa_num_layers`). Made by:
 
@@ -224,6 +273,7 @@ Medusa conversion reads (`medusa_lm_head.safetensors`, `config.json` with `medus
 
 Mean accepted proposals per decoding forward with all heads proposing (greedy chain): **{t['mean_accepted_per_forward']:.2f}**
 (untrained {u['mean_accepted_per_forward']:.2f}), i.e. {t['tokens_per_forward']:.2f} tokens per target forward.
+On the same held-out problems with the draft's wording mixed into the context{mixed}.
 These are offline figures on the target's own answers; the engine's acceptance also depends on the schedule and
 on stops, and is reported by `benchmarks/lr_bench.py` (`sd [Medusa, ...]` rows).
 """

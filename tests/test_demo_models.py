@@ -49,6 +49,22 @@ def style_of(tok) -> str:
 MAX_NEW = {"short": 160, "long": 720}
 
 
+def build_script(name: str):
+    """A module of ``build_scripts/`` (not a package), imported by file path."""
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = Path(__file__).resolve().parents[1] / "build_scripts"
+    sys.path.insert(0, str(folder))  # the scripts import each other by name
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def chat_ids(tok, question: str) -> list[int]:
     text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
     return tok.encode(text, add_special_tokens=False)
@@ -168,14 +184,9 @@ def test_mixed_voice_training_examples_carry_loss_on_their_own_voice_only(loaded
     """`train_demo_models.lm_example` with an rng: the context mixes the two voices' wordings of the steps, the
     other voice's steps carry no loss, everything else (own-voice steps, delimiters, answer line, EOS) does, and
     the ids are the plain example's tokenization of the mixed text."""
-    import importlib.util
     import random
-    import sys
 
-    spec = importlib.util.spec_from_file_location("train_demo_models", DEMO.parents[1] / "build_scripts" / "train_demo_models.py")
-    tdm = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, tdm)  # its dataclasses look their module up
-    spec.loader.exec_module(tdm)
+    tdm = build_script("train_demo_models")
     _, tok = loaded["target"]
     eos = tok.convert_tokens_to_ids(tdm.EOS)
     seen_masked = 0
@@ -197,3 +208,35 @@ def test_mixed_voice_training_examples_carry_loss_on_their_own_voice_only(loaded
             if not foreign:
                 assert (ids, labels) == (plain_ids, plain_labels)
     assert seen_masked >= 10
+
+
+def test_head_training_learns_only_what_the_target_writes(loaded):
+    """Medusa's and EAGLE-3's training rows (build_scripts/train_medusa_heads.py, train_eagle3_head.py): with the
+    draft's wording mixed into an answer, a position is a Medusa training position only when the target writes its
+    next token, every token a head learns to propose is one the target writes, and EAGLE-3's crops label the same
+    tokens; on a plain answer every position from the last prompt token on is used."""
+    tmh, te3 = build_script("train_medusa_heads"), build_script("train_eagle3_head")
+    model, tok = loaded["target"]
+    pad = tok.convert_tokens_to_ids(tmh.tdm.PAD)
+    mixed = tmh.mixed_voice_rows(tok, 6, seed=3, style=style_of(tok))
+    assert any(-100 in labels[labels.index(next(t for t in labels if t != -100)):] for _, labels in mixed)
+    p = syn.generate_problems(1, 5, 2, style_of(tok))[0]
+    plain = tmh.answer_rows([(chat_ids(tok, p.question), tok.encode(p.steps[0], add_special_tokens=False))])
+    for rows in (mixed, plain):
+        hidden, ahead = tmh.features(model, rows, pad)
+        want_pos, want_ahead = [], []
+        for ids, labels in rows:
+            for t in range(len(ids) - 2):
+                if labels[t + 1] != -100:
+                    want_pos.append(t)
+                    want_ahead.append([ids[j] if j < len(ids) and labels[j] != -100 else -100
+                                       for j in range(t + 2, t + 2 + ahead.shape[1])])
+        assert hidden.shape[0] == len(want_pos) == ahead.shape[0]
+        assert ahead.tolist() == want_ahead
+    n_prompt = len(plain[0][0]) - sum(1 for t in plain[0][1] if t != -100)
+    assert want_pos == list(range(n_prompt - 1, len(plain[0][0]) - 2))
+    feats = te3.features(model, mixed, (1, 2, 3), pad)
+    for (ids, labels), item in zip(mixed, feats):
+        _, nxt, lab = te3.crop(item, 0, len(ids))
+        assert nxt[: len(ids) - 2].tolist() == ids[1:-1]
+        assert lab[: len(ids) - 2].tolist() == labels[2:]
