@@ -308,6 +308,42 @@ def lm_example(tok, problem: syn.Problem, eos_id: int, rng: random.Random | None
     return prompt + answer, [-100] * len(prompt) + labels
 
 
+def repo_relative(path: str | Path) -> str:
+    """``path`` relative to the repository when inside it (cards and reports name no machine's folders)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
+
+
+def answer_rows(seqs: Sequence[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """``(ids, labels)`` rows of ``(prompt ids, answer ids)`` pairs: labels are the ids, -100 over the prompt."""
+    return [(p + a, [-100] * len(p) + a) for p, a in seqs]
+
+
+def mixed_voice_rows(tok, n: int, seed: int, style: str, eval_set: bool = False) -> list[tuple[list[int], list[int]]]:
+    """``(ids, labels)`` rows of ``n`` problems' solutions whose steps mix the draft's wording into the target's, as
+    Lookahead Reasoning's contexts do once the judge accepts drafted steps (:func:`lm_example` with an rng): labels
+    are -100 over the prompt and the draft-worded steps, so a model or head trained on them learns only tokens the
+    target writes (its steps, the delimiters, the answer line, EOS). The solutions are the task's own, which the
+    demo target was trained to write, not generated ones.
+
+    Args:
+        tok: the trio's tokenizer. ``style``: :data:`synthetic.STYLES` entry.
+        n: number of problems.
+        seed: draws the training problems (the difficulty mix, seeds derived from it) and the mixing.
+        eval_set: take the held-out problems instead (``synthetic.EVAL_SEED``, default difficulty); ``seed`` then
+            only draws the mixing.
+    """
+    eos = tok.convert_tokens_to_ids(EOS)
+    rng = random.Random(seed)
+    if eval_set:
+        problems = syn.generate_problems(n, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style)
+    else:
+        levels, weights = zip(*DIFFICULTY_MIX.items())
+        problems = [syn.generate_problems(1, syn.derive_seed(seed, "mixed-voices", i), rng.choices(levels, weights)[0],
+                                          style)[0] for i in range(n)]
+    return [lm_example(tok, p, eos, rng) for p in problems]
+
+
 def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad (ids, labels) rows into (B, T) int64 tensors (labels -100 on padding)."""
     t = max(len(r[0]) for r in rows)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Train an EAGLE-3 draft head for a target by self-distillation on its own greedy answers.
+"""Train an EAGLE-3 draft head for a target by self-distillation on its own greedy answers and on mixed-voice
+contexts.
 
 Li et al. 2025, "EAGLE-3", section 3: the target is frozen; the head reads the target's features from three layers
 (:func:`lookahead_reasoning.backends.eagle.default_aux_layers`) and learns the token two positions past each
@@ -13,7 +14,7 @@ What it does, on the synthetic long-reasoning task of the demo trio:
 1. the target answers ``--problems`` training problems greedily (seeds derived from ``--seed``, never the
    evaluation seeds) and ``--eval-problems`` held-out ones (``synthetic.EVAL_SEED``); ``--mixed-problems`` more
    answers mix the draft's wording into the target's, labelled only where the target writes
-   (``train_medusa_heads.mixed_voice_rows``: inside Lookahead Reasoning the target reads contexts made mostly of
+   (``train_demo_models.mixed_voice_rows``: inside Lookahead Reasoning the target reads contexts made mostly of
    accepted drafted steps, and a head trained on its own answers alone proposes much worse there);
 2. one forward of the frozen target over each prompt + answer gives the three feature layers at every position;
 3. the head trains on random crops of ``--crop`` positions, ``--steps`` chained steps per crop (loss weighted
@@ -46,7 +47,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_demo_models as tdm  # noqa: E402  (also puts the package on sys.path for a bare checkout)
-from train_medusa_heads import answer_rows, answers, mixed_voice_rows  # noqa: E402
+from train_medusa_heads import answers  # noqa: E402
 
 from lookahead_reasoning.backends.eagle import Eagle3Head  # noqa: E402
 
@@ -58,8 +59,8 @@ def features(model, rows: list[tuple[list[int], list[int]]], layers: tuple[int, 
              batch_size: int = 16) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per sequence ``(features [T, 3H] float16, ids [T] int64, labels [T] int64)``: the target's hidden states of
     ``layers`` (``output_hidden_states`` indices) at every position of the row's ``ids``, and its labels (-100
-    where the target does not write the token: the prompt, the draft's wording; :mod:`train_medusa_heads`'
-    ``answer_rows`` / ``mixed_voice_rows``)."""
+    where the target does not write the token: the prompt, the draft's wording; ``train_demo_models.answer_rows`` /
+    ``mixed_voice_rows``)."""
     out = []
     for s in range(0, len(rows), batch_size):
         chunk = rows[s: s + batch_size]
@@ -72,14 +73,16 @@ def features(model, rows: list[tuple[list[int], list[int]]], layers: tuple[int, 
 
 
 def first_label(item) -> int:
-    """Index of the row's first labelled token (its answer's start)."""
-    return int((item[2] != -100).nonzero()[0, 0])
+    """Index of the row's first labelled token (a plain answer's start; its length if none is)."""
+    where = (item[2] != -100).nonzero()
+    return int(where[0, 0]) if len(where) else len(item[2])
 
 
 def crop(item, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One crop of a sequence from position ``start``: features ``[length, 3H]`` (pair ``j`` = position
-    ``start + j``), ``nxt [length]`` (the token after each position), ``label [length]`` (the token two after;
-    -100 where that token is unlabelled, past the end and in the padding)."""
+    ``start + j``), ``nxt [length]`` (the token after each position), ``label [length]`` (the token two after,
+    when it and the token after the position are labelled, i.e. written by the target; -100 otherwise, past the end
+    and in the padding)."""
     feat, ids, labels = item
     end = min(start + length, len(ids) - 2)
     m = max(0, end - start)
@@ -88,12 +91,12 @@ def crop(item, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor, tor
     t1 = torch.zeros(length, dtype=torch.long)
     t1[:m] = ids[start + 1: end + 1]
     t2 = torch.full((length,), -100, dtype=torch.long)
-    t2[:m] = labels[start + 2: end + 2]
+    t2[:m] = torch.where(labels[start + 1: end + 1] != -100, labels[start + 2: end + 2], -100)
     return f, t1, t2
 
 
 def random_crops(data, n: int, length: int, gen: torch.Generator):
-    """``n`` crops of random sequences, each starting anywhere from two positions before its answer: stacked
+    """``n`` crops of random sequences, each starting anywhere from two positions before its first labelled token: stacked
     ``(features [n, length, 3H], nxt [n, length], label [n, length])``."""
     out = []
     for i in torch.randint(len(data), (n,), generator=gen).tolist():
@@ -172,7 +175,7 @@ def main() -> None:
     ap.add_argument("--crop", type=int, default=96, help="positions per training crop")
     ap.add_argument("--problems", type=int, default=960, help="training problems the target answers")
     ap.add_argument("--mixed-problems", type=int, default=960,
-                    help="training problems whose answers mix in the draft's wording (mixed_voice_rows; 0: none)")
+                    help="training problems whose answers mix in the draft's wording (train_demo_models.mixed_voice_rows; 0: none)")
     ap.add_argument("--eval-problems", type=int, default=100)
     ap.add_argument("--minutes", type=float, default=12.0, help="time budget of the head training")
     ap.add_argument("--max-steps", type=int, default=3400, help="optimizer steps (the learning-rate schedule's length)")
@@ -204,10 +207,10 @@ def main() -> None:
     gen_s = time.time() - t0
     cfg = Eagle3Head.config_for(model.config, attention_window=args.window)
     model.float()
-    mixed = mixed_voice_rows(tok, args.mixed_problems, args.seed, style)
-    train = features(model, answer_rows(train_seqs) + mixed, cfg.aux_layers, pad)
-    held = features(model, answer_rows(eval_seqs), cfg.aux_layers, pad)
-    held_mixed = features(model, mixed_voice_rows(tok, args.eval_problems, args.seed, style, eval_set=True),
+    mixed = tdm.mixed_voice_rows(tok, args.mixed_problems, args.seed, style)
+    train = features(model, tdm.answer_rows(train_seqs) + mixed, cfg.aux_layers, pad)
+    held = features(model, tdm.answer_rows(eval_seqs), cfg.aux_layers, pad)
+    held_mixed = features(model, tdm.mixed_voice_rows(tok, args.eval_problems, args.seed, style, eval_set=True),
                           cfg.aux_layers, pad)
     head = Eagle3Head(cfg, model.get_input_embeddings().weight, lm_head=model.get_output_embeddings().weight)
     before = chain_metrics(head, held, args.steps, args.window)
@@ -225,9 +228,12 @@ def main() -> None:
         feats, nxt, lab = random_crops(train, args.batch_size, args.crop, gen)
         window = int(torch.randint(1, args.window + 1, (1,), generator=gen))
         loss = 0.0
+        valid = lab != -100
+        unbroken = valid  # step s of the chain anchored at j - s: labels j - s .. j all valid (the target wrote them)
         for s, logits in enumerate(ttt_logits(head, feats, nxt, args.steps, window)):
-            y = lab.clone()
-            y[:, :s] = -100  # no anchor inside the crop
+            if s:
+                unbroken = unbroken & torch.nn.functional.pad(valid[:, :-s], (s, 0), value=False)
+            y = torch.where(unbroken, lab, -100)  # (and no anchor before the crop)
             loss = loss + step_w[s] * torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
                                                                         ignore_index=-100)
         loss = loss / sum(step_w)
@@ -254,7 +260,7 @@ def main() -> None:
         "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "target": _shown(args.target),
+        "target": tdm.repo_relative(args.target),
         "aux_layers": list(cfg.aux_layers), "window": args.window, "steps": args.steps,
         "parameters": sum(p.numel() for p in params),
         "train": {"problems": args.problems, "mixed_voice_problems": args.mixed_problems, "optimizer_steps": step,
@@ -268,12 +274,6 @@ def main() -> None:
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "README.md").write_text(model_card(report))
     print(json.dumps(report["held_out"]["trained"], indent=2))
-
-
-def _shown(path: str) -> str:
-    """``path`` relative to the repository when inside it (cards and reports name no machine's folders)."""
-    p = Path(path).resolve()
-    return str(p.relative_to(tdm.REPO)) if p.is_relative_to(tdm.REPO) else path
 
 
 def model_card(r: dict) -> str:
@@ -290,9 +290,9 @@ One EAGLE-3 draft layer ({r['parameters']:,} trained parameters; the target's to
 the features of `{r['target']}`'s layers {r['aux_layers']} (`output_hidden_states` indices: the inputs of those
 decoder layers), Li et al. 2025, "EAGLE-3", section 3, with training-time test over {r['steps']} steps and attention
 over at most {r['window']} past positions. Trained by self-distillation on the target's own greedy answers to
-{tr['problems']} synthetic training problems and on {tr.get('mixed_voice_problems', 0)} answers that mix the draft's
-wording into the target's, as Lookahead Reasoning's contexts do (only the target's own steps are learned;
-`train_medusa_heads.mixed_voice_rows`) ({tr['optimizer_steps']} steps of {tr['crops_per_step']} crops of
+{tr['problems']} synthetic training problems, and on the task's solutions to {tr.get('mixed_voice_problems', 0)} more
+with the draft's wording mixed into the context, as Lookahead Reasoning's contexts hold it (only tokens the target
+writes are learned: `train_demo_models.mixed_voice_rows`) ({tr['optimizer_steps']} steps of {tr['crops_per_step']} crops of
 {tr['crop']} positions in {tr['seconds']:.0f} s, stopped by {tr['stopped_by']}; the target's answers took
 {tr['generation_seconds']:.0f} s). Layout: SafeAILab/EAGLE's EAGLE-3 checkpoint, read by vLLM (`llama_eagle3.py`) and
 TensorRT-LLM (`Eagle3DecodingConfig(speculative_model_dir=...)`): `model.safetensors` (`fc`, `midlayer.*`, `norm`,
@@ -310,8 +310,8 @@ TensorRT-LLM (`Eagle3DecodingConfig(speculative_model_dir=...)`): `model.safeten
 
 Mean accepted proposals per decoding forward with {r['steps']} proposals: **{t['mean_accepted_per_forward']:.2f}**
 (untrained {u['mean_accepted_per_forward']:.2f}), i.e. {t['tokens_per_forward']:.2f} tokens per target forward.
-On the same held-out problems with the draft's wording mixed into the context{mixed}.
-These are offline figures on the target's own answers (walked in crops of 256 positions from two before the answer,
+On the same held-out problems' solutions with the draft's wording mixed into the context{mixed}.
+These are offline figures (the target's own answers walked in crops of 256 positions from two before the answer,
 so a position sees up to the window of answer positions before it, never the prompt's); the engine's acceptance also depends on
 the schedule, on stops and on how many positions a row has after its prefill, and is reported by
 `benchmarks/lr_bench.py` (`sd [EAGLE-3, ...]` rows).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train Medusa heads for a target by self-distillation on its own greedy answers.
+"""Train Medusa heads for a target by self-distillation on its own greedy answers and on mixed-voice contexts.
 
 Cai et al. 2024, "Medusa", section 2.2.1 (Medusa-1: the target is frozen; head ``i`` learns the token ``i + 2``
 positions past each hidden state, from the target's own outputs, which section 2.3.2 recommends when the
@@ -10,7 +10,8 @@ What it does, on the synthetic long-reasoning task of the demo trio:
 
 1. the target answers ``--problems`` training problems greedily (seeds derived from ``--seed``, never the
    evaluation seeds), and ``--eval-problems`` held-out ones (``synthetic.EVAL_SEED``);
-2. ``--mixed-problems`` more answers mix the draft's wording into the target's (:func:`mixed_voice_rows`): inside
+2. the task's solutions to ``--mixed-problems`` more problems mix the draft's wording into the target's, labelled only
+   where the target writes (``train_demo_models.mixed_voice_rows``): inside
    Lookahead Reasoning the target reads contexts made mostly of accepted drafted steps, and heads trained on its
    own answers alone propose much worse there (lr_bench 2026-12-04, 100 problems: 1.99 tokens per target forward
    inside LR against 2.74 in plain decoding; 2.61 inside LR with the ``exact`` judge, whose contexts hold only
@@ -57,43 +58,18 @@ def answers(model, tok, problems, batch_size: int, desc: str) -> list[tuple[list
     return list(zip(prompts, outs))
 
 
-def answer_rows(seqs: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
-    """``(ids, labels)`` rows of prompt + answer pairs: ``labels`` are the ids, -100 over the prompt."""
-    return [(p + a, [-100] * len(p) + a) for p, a in seqs]
-
-
-def mixed_voice_rows(tok, n: int, seed: int, style: str, eval_set: bool = False) -> list[tuple[list[int], list[int]]]:
-    """``(ids, labels)`` rows whose answers mix the draft's wording into the target's, as the contexts of
-    Lookahead Reasoning do once the judge accepts drafted steps: :func:`train_demo_models.lm_example` with a
-    random share of the steps in the other voice, labels -100 over the prompt and over those steps, so only
-    what the target itself writes is learned. The answers are the task's own solutions in the target's voice,
-    which the demo target was trained to write (its held-out accuracy is in its card), not generated ones.
-
-    Args:
-        n: problems; ``seed``: drawn as the training problems (difficulty mix) from it, or with ``eval_set`` the
-            held-out problems (``synthetic.EVAL_SEED``, default difficulty) with ``seed`` choosing the mixing.
-    """
-    eos = tok.convert_tokens_to_ids(tdm.EOS)
-    rng = random.Random(seed)
-    if eval_set:
-        problems = syn.generate_problems(n, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style)
-    else:
-        levels, weights = zip(*tdm.DIFFICULTY_MIX.items())
-        problems = [syn.generate_problems(1, syn.derive_seed(seed, "mixed-voices", i), rng.choices(levels, weights)[0],
-                                          style)[0] for i in range(n)]
-    return [tdm.lm_example(tok, p, eos, rng) for p in problems]
-
-
 @torch.inference_mode()
 def features(model, rows: list[tuple[list[int], list[int]]], pad: int, batch_size: int = 16
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training pairs from the frozen target: ``hidden [N, H]`` float32 at every position whose next token is
-    labelled (the target writes it) and that has a token after the next one, and ``ahead [N, H_max]`` int64, the
-    tokens 2, 3, ... positions later (-100 past the end and where unlabelled). Each position ``t`` is the one
-    whose base head predicts token ``t + 1``.
+    """Training pairs from the frozen target: ``hidden [N, H]`` float32 at every position ``t`` whose next two
+    tokens are labelled (the target writes them: the engine proposes from ``t`` once it has committed ``t + 1``),
+    and ``ahead [N, HEAD_CAP]`` int64, the tokens ``t + 2, t + 3, ...`` while every token from ``t + 1`` on is
+    labelled (-100 from the first unlabelled one, and past the end). Position ``t`` is the one whose base head
+    predicts token ``t + 1``.
 
     Args:
-        rows: ``(ids, labels)`` per sequence (:func:`answer_rows`, :func:`mixed_voice_rows`).
+        rows: ``(ids, labels)`` per sequence, labels -100 where the target does not write the token
+            (``train_demo_models.answer_rows`` / ``mixed_voice_rows``).
     """
     hs, ys = [], []
     decoder = model.get_decoder()
@@ -103,9 +79,12 @@ def features(model, rows: list[tuple[list[int], list[int]]], pad: int, batch_siz
         hidden = decoder(input_ids=ids_t).last_hidden_state.float()
         for r, (ids, labels) in enumerate(chunk):
             lab = torch.tensor(labels + [-100] * (HEAD_CAP + 1))
-            pos = torch.tensor([t for t in range(len(ids) - 2) if labels[t + 1] != -100], dtype=torch.long)
+            pos = torch.tensor([t for t in range(len(ids) - 2) if labels[t + 1] != -100 and labels[t + 2] != -100],
+                               dtype=torch.long)
+            window = lab[pos[:, None] + 1 + torch.arange(HEAD_CAP + 1)[None]]  # tokens t + 1 .. t + 1 + HEAD_CAP
+            unbroken = (window != -100).long().cumprod(dim=1).bool()  # labelled from t + 1 on, without a gap
             hs.append(hidden[r, pos])
-            ys.append(lab[pos[:, None] + 2 + torch.arange(HEAD_CAP)[None]])
+            ys.append(torch.where(unbroken[:, 1:], window[:, 1:], -100))
     return torch.cat(hs), torch.cat(ys)
 
 
@@ -141,7 +120,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1, help="residual blocks per head")
     ap.add_argument("--problems", type=int, default=960, help="training problems the target answers")
     ap.add_argument("--mixed-problems", type=int, default=960,
-                    help="training problems whose answers mix in the draft's wording (mixed_voice_rows; 0: none)")
+                    help="training problems whose answers mix in the draft's wording (train_demo_models.mixed_voice_rows; 0: none)")
     ap.add_argument("--eval-problems", type=int, default=100)
     ap.add_argument("--minutes", type=float, default=10.0, help="time budget of the head training")
     ap.add_argument("--epochs", type=int, default=24)
@@ -173,10 +152,10 @@ def main() -> None:
     train_seqs = answers(model, tok, train_p, 64, "target answers (train)")
     eval_seqs = answers(model, tok, eval_p, 64, "target answers (held out)")
     gen_s = time.time() - t0
-    mixed = mixed_voice_rows(tok, args.mixed_problems, args.seed, style)
-    hidden, ahead = features(model, answer_rows(train_seqs) + mixed, pad)
-    ev_hidden, ev_ahead = features(model, answer_rows(eval_seqs), pad)
-    ev_mixed = features(model, mixed_voice_rows(tok, args.eval_problems, args.seed, style, eval_set=True), pad)
+    mixed = tdm.mixed_voice_rows(tok, args.mixed_problems, args.seed, style)
+    hidden, ahead = features(model, tdm.answer_rows(train_seqs) + mixed, pad)
+    ev_hidden, ev_ahead = features(model, tdm.answer_rows(eval_seqs), pad)
+    ev_mixed = features(model, tdm.mixed_voice_rows(tok, args.eval_problems, args.seed, style, eval_set=True), pad)
     lm_head = model.get_output_embeddings().weight.detach().float()
     heads = MedusaHeads(hidden.shape[1], lm_head.shape[0], args.heads, args.layers, lm_head=lm_head)
     before = chain_metrics(heads, ev_hidden, ev_ahead)
@@ -227,7 +206,7 @@ def main() -> None:
         "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-        "target": str(args.target),
+        "target": tdm.repo_relative(args.target),
         "heads": args.heads, "layers": args.layers,
         "parameters": sum(p.numel() for p in heads.parameters()),
         "train": {"problems": args.problems, "mixed_voice_problems": args.mixed_problems, "positions": n,
@@ -255,9 +234,10 @@ def model_card(r: dict) -> str:
 
 {r['heads']} Medusa heads ({r['layers']} residual block each, {r['parameters']:,} parameters) on the last hidden state
 of `{r['target']}` (Cai et al. 2024, "Medusa", section 2.1.1; Medusa-1: the target frozen), trained by
-self-distillation on the target's own greedy answers to {tr['problems']} synthetic training problems and on
-{tr.get('mixed_voice_problems', 0)} answers that mix the draft's wording into the target's, as Lookahead Reasoning's
-contexts do (only the target's own steps are learned; `mixed_voice_rows`) ({tr['positions']:,} positions,
+self-distillation on the target's own greedy answers to {tr['problems']} synthetic training problems, and on the
+task's solutions to {tr.get('mixed_voice_problems', 0)} more with the draft's wording mixed into the context, as
+Lookahead Reasoning's contexts hold it (only tokens the target writes are learned: `train_demo_models.mixed_voice_rows`)
+({tr['positions']:,} positions,
 {tr['steps']} steps in {tr['seconds']:.0f} s, stopped by {tr['stopped_by']}; the target's answers took {tr['generation_seconds']:.0f} s). Layout: FasterDecoding/Medusa's, which TensorRT-LLM's
 Medusa conversion reads (`medusa_lm_head.safetensors`, `config.json` with `medusa_num_heads` /
 `medusa_num_layers`). Made by:
@@ -273,8 +253,8 @@ Medusa conversion reads (`medusa_lm_head.safetensors`, `config.json` with `medus
 
 Mean accepted proposals per decoding forward with all heads proposing (greedy chain): **{t['mean_accepted_per_forward']:.2f}**
 (untrained {u['mean_accepted_per_forward']:.2f}), i.e. {t['tokens_per_forward']:.2f} tokens per target forward.
-On the same held-out problems with the draft's wording mixed into the context{mixed}.
-These are offline figures on the target's own answers; the engine's acceptance also depends on the schedule and
+On the same held-out problems' solutions with the draft's wording mixed into the context{mixed}.
+These are offline figures; the engine's acceptance also depends on the schedule and
 on stops, and is reported by `benchmarks/lr_bench.py` (`sd [Medusa, ...]` rows).
 """
 

@@ -212,31 +212,39 @@ def test_mixed_voice_training_examples_carry_loss_on_their_own_voice_only(loaded
 
 def test_head_training_learns_only_what_the_target_writes(loaded):
     """Medusa's and EAGLE-3's training rows (build_scripts/train_medusa_heads.py, train_eagle3_head.py): with the
-    draft's wording mixed into an answer, a position is a Medusa training position only when the target writes its
-    next token, every token a head learns to propose is one the target writes, and EAGLE-3's crops label the same
-    tokens; on a plain answer every position from the last prompt token on is used."""
+    draft's wording mixed into an answer, a position trains Medusa only when the target writes its next two tokens,
+    a head learns a token only while every token from the position's next one up to it is the target's, and
+    EAGLE-3's crops label the same way; on a plain answer every position from the last prompt token on is used."""
     tmh, te3 = build_script("train_medusa_heads"), build_script("train_eagle3_head")
+    tdm = tmh.tdm
     model, tok = loaded["target"]
-    pad = tok.convert_tokens_to_ids(tmh.tdm.PAD)
-    mixed = tmh.mixed_voice_rows(tok, 6, seed=3, style=style_of(tok))
-    assert any(-100 in labels[labels.index(next(t for t in labels if t != -100)):] for _, labels in mixed)
+    pad = tok.convert_tokens_to_ids(tdm.PAD)
+    mixed = tdm.mixed_voice_rows(tok, 6, seed=3, style=style_of(tok))
+    first_labelled = [next(i for i, y in enumerate(labels) if y != -100) for _, labels in mixed]
+    assert any(-100 in labels[i:] for (_, labels), i in zip(mixed, first_labelled))  # draft-worded steps inside
     p = syn.generate_problems(1, 5, 2, style_of(tok))[0]
-    plain = tmh.answer_rows([(chat_ids(tok, p.question), tok.encode(p.steps[0], add_special_tokens=False))])
+    prompt = chat_ids(tok, p.question)
+    plain = tdm.answer_rows([(prompt, tok.encode(p.steps[0], add_special_tokens=False))])
     for rows in (mixed, plain):
         hidden, ahead = tmh.features(model, rows, pad)
         want_pos, want_ahead = [], []
         for ids, labels in rows:
-            for t in range(len(ids) - 2):
-                if labels[t + 1] != -100:
-                    want_pos.append(t)
-                    want_ahead.append([ids[j] if j < len(ids) and labels[j] != -100 else -100
-                                       for j in range(t + 2, t + 2 + ahead.shape[1])])
-        assert hidden.shape[0] == len(want_pos) == ahead.shape[0]
+            pos = [t for t in range(len(ids) - 2) if labels[t + 1] != -100 and labels[t + 2] != -100]
+            want_pos.append(pos)
+            for t in pos:
+                row = []
+                for j in range(t + 2, t + 2 + ahead.shape[1]):
+                    ok = j < len(ids) and all(y != -100 for y in labels[t + 1: j + 1])
+                    row.append(ids[j] if ok else -100)
+                want_ahead.append(row)
+        assert hidden.shape[0] == sum(map(len, want_pos)) == ahead.shape[0]
         assert ahead.tolist() == want_ahead
-    n_prompt = len(plain[0][0]) - sum(1 for t in plain[0][1] if t != -100)
-    assert want_pos == list(range(n_prompt - 1, len(plain[0][0]) - 2))
-    feats = te3.features(model, mixed, (1, 2, 3), pad)
-    for (ids, labels), item in zip(mixed, feats):
+        first = rows[0][0]
+        with torch.inference_mode():
+            direct = model.get_decoder()(input_ids=torch.tensor([first])).last_hidden_state[0].float()
+        assert torch.allclose(hidden[: len(want_pos[0])], direct[want_pos[0]], atol=1e-4)
+    assert want_pos == [list(range(len(prompt) - 1, len(plain[0][0]) - 2))]
+    for (ids, labels), item in zip(mixed, te3.features(model, mixed, (1, 2, 3), pad)):
         _, nxt, lab = te3.crop(item, 0, len(ids))
         assert nxt[: len(ids) - 2].tolist() == ids[1:-1]
-        assert lab[: len(ids) - 2].tolist() == labels[2:]
+        assert lab[: len(ids) - 2].tolist() == [y2 if y1 != -100 else -100 for y1, y2 in zip(labels[1:], labels[2:])]
