@@ -96,8 +96,8 @@ def crop(item, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def random_crops(data, n: int, length: int, gen: torch.Generator):
-    """``n`` crops of random sequences, each starting anywhere from two positions before its first labelled token: stacked
-    ``(features [n, length, 3H], nxt [n, length], label [n, length])``."""
+    """``n`` crops of random sequences, each starting anywhere from two positions before its first labelled token:
+    stacked ``(features [n, length, 3H], nxt [n, length], label [n, length])``."""
     out = []
     for i in torch.randint(len(data), (n,), generator=gen).tolist():
         ids = data[i][1]
@@ -175,7 +175,8 @@ def main() -> None:
     ap.add_argument("--crop", type=int, default=96, help="positions per training crop")
     ap.add_argument("--problems", type=int, default=960, help="training problems the target answers")
     ap.add_argument("--mixed-problems", type=int, default=960,
-                    help="training problems whose answers mix in the draft's wording (train_demo_models.mixed_voice_rows; 0: none)")
+                    help="training problems whose solutions mix in the draft's wording "
+                         "(train_demo_models.mixed_voice_rows; 0: none)")
     ap.add_argument("--eval-problems", type=int, default=100)
     ap.add_argument("--minutes", type=float, default=12.0, help="time budget of the head training")
     ap.add_argument("--max-steps", type=int, default=3400, help="optimizer steps (the learning-rate schedule's length)")

@@ -17,7 +17,7 @@ What it does, on the synthetic long-reasoning task of the demo trio:
    inside LR against 2.74 in plain decoding; 2.61 inside LR with the ``exact`` judge, whose contexts hold only
    the target's own steps);
 3. one forward of the frozen target over each prompt + answer gives the last hidden states (post final norm);
-4. the heads train on (hidden state, token ``i + 2`` ahead) for every position whose next token the target
+4. the heads train on (hidden state, token ``i + 2`` ahead) for every position whose next two tokens the target
    writes, loss weighted ``0.8 ** i`` per head as in the paper's training recipe, for ``--minutes`` at most;
 5. top-1 accuracy per head and the chain acceptance the engine would see (head ``i``'s proposal counts only
    when heads ``0..i-1`` were right, and the base head's token is always kept) are measured on the held-out
@@ -120,7 +120,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1, help="residual blocks per head")
     ap.add_argument("--problems", type=int, default=960, help="training problems the target answers")
     ap.add_argument("--mixed-problems", type=int, default=960,
-                    help="training problems whose answers mix in the draft's wording (train_demo_models.mixed_voice_rows; 0: none)")
+                    help="training problems whose solutions mix in the draft's wording "
+                         "(train_demo_models.mixed_voice_rows; 0: none)")
     ap.add_argument("--eval-problems", type=int, default=100)
     ap.add_argument("--minutes", type=float, default=10.0, help="time budget of the head training")
     ap.add_argument("--epochs", type=int, default=24)
