@@ -314,6 +314,14 @@ def repo_relative(path: str | Path) -> str:
     return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
 
 
+def training_problems(n: int, seed: int, tag: str, style: str, rng: random.Random) -> list[syn.Problem]:
+    """``n`` training problems (never the evaluation seeds): problem ``i`` from ``derive_seed(seed, tag, i)`` at a
+    difficulty ``rng`` draws from :data:`DIFFICULTY_MIX`."""
+    levels, weights = zip(*DIFFICULTY_MIX.items())
+    return [syn.generate_problems(1, syn.derive_seed(seed, tag, i), rng.choices(levels, weights)[0], style)[0]
+            for i in range(n)]
+
+
 def answer_rows(seqs: Sequence[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
     """``(ids, labels)`` rows of ``(prompt ids, answer ids)`` pairs: labels are the ids, -100 over the prompt."""
     return [(p + a, [-100] * len(p) + a) for p, a in seqs]
@@ -338,9 +346,7 @@ def mixed_voice_rows(tok, n: int, seed: int, style: str, eval_set: bool = False)
     if eval_set:
         problems = syn.generate_problems(n, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style)
     else:
-        levels, weights = zip(*DIFFICULTY_MIX.items())
-        problems = [syn.generate_problems(1, syn.derive_seed(seed, "mixed-voices", i), rng.choices(levels, weights)[0],
-                                          style)[0] for i in range(n)]
+        problems = training_problems(n, seed, "mixed-voices", style, rng)
     return [lm_example(tok, p, eos, rng) for p in problems]
 
 
@@ -1375,10 +1381,8 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
         syn_pairs += syn.generate_step_pairs(n_given, syn.derive_seed(args.seed, "judge-given-pairs"), style="long", kinds=("given",))
     ex = judge_examples(tok, syn_pairs, "synthetic")
     # real pairs from training-distribution problems (never the evaluation seed)
-    levels, weights = zip(*DIFFICULTY_MIX.items())
-    rng = random.Random(syn.derive_seed(args.seed, "judge-real"))
-    probs = [syn.generate_problems(1, syn.derive_seed(args.seed, "judge-real", i), rng.choices(levels, weights)[0], args.style)[0]
-             for i in range(args.judge_real_problems)]
+    probs = training_problems(args.judge_real_problems, args.seed, "judge-real", args.style,
+                              random.Random(syn.derive_seed(args.seed, "judge-real")))
     rows = real_pairs(target.eval(), draft.eval(), tok, probs, desc="judge data") if probs else []
     real = [(r["target"], r["draft"], r["semantic"]) for r in rows]
     real_neg = [x for x in real if not x[2]]

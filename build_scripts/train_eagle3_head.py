@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_demo_models as tdm  # noqa: E402  (also puts the package on sys.path for a bare checkout)
-from train_medusa_heads import answers  # noqa: E402
+from train_medusa_heads import answers, mixed_figure  # noqa: E402
 
 from lookahead_reasoning.backends.eagle import Eagle3Head  # noqa: E402
 
@@ -197,10 +197,7 @@ def main() -> None:
     model, tok = tdm.load_checkpoint(Path(args.target))
     style = tdm.tokenizer_style(tok)
     pad = tok.convert_tokens_to_ids(tdm.PAD)
-    levels, weights = zip(*tdm.DIFFICULTY_MIX.items())
-    rng = random.Random(args.seed)
-    train_p = [syn.generate_problems(1, syn.derive_seed(args.seed, "eagle3", i), rng.choices(levels, weights)[0],
-                                     style)[0] for i in range(args.problems)]
+    train_p = tdm.training_problems(args.problems, args.seed, "eagle3", style, random.Random(args.seed))
     eval_p = syn.generate_problems(args.eval_problems, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style)
     t0 = time.time()
     train_seqs = answers(model, tok, train_p, 64, "target answers (train)")
@@ -280,9 +277,7 @@ def main() -> None:
 def model_card(r: dict) -> str:
     """The head's model card: what it is, how it was trained, what it reaches on held-out answers."""
     t, u, tr = r["held_out"]["trained"], r["held_out"]["untrained"], r["train"]
-    mx = r["held_out"].get("mixed_voices")
-    mixed = (f": {mx['trained']['tokens_per_forward']:.2f} tokens per target forward "
-             f"(untrained {mx['untrained']['tokens_per_forward']:.2f})") if mx else ": not measured"
+    mixed = mixed_figure(r["held_out"])
     rows = "\n".join(f"| {i + 1} | {u['chain_acceptance_by_depth'][i]:.3f} | {t['chain_acceptance_by_depth'][i]:.3f} |"
                      for i in range(r["steps"]))
     return f"""# EAGLE-3 draft head for the demo target

@@ -144,10 +144,7 @@ def main() -> None:
     model, tok = tdm.load_checkpoint(Path(args.target))
     style = tdm.tokenizer_style(tok)
     pad = tok.convert_tokens_to_ids(tdm.PAD)
-    levels, weights = zip(*tdm.DIFFICULTY_MIX.items())
-    rng = random.Random(args.seed)
-    train_p = [syn.generate_problems(1, syn.derive_seed(args.seed, "medusa", i), rng.choices(levels, weights)[0],
-                                     style)[0] for i in range(args.problems)]
+    train_p = tdm.training_problems(args.problems, args.seed, "medusa", style, random.Random(args.seed))
     eval_p = syn.generate_problems(args.eval_problems, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style)
     t0 = time.time()
     train_seqs = answers(model, tok, train_p, 64, "target answers (train)")
@@ -223,12 +220,18 @@ def main() -> None:
     print(json.dumps(report["held_out"]["trained"], indent=2))
 
 
+def mixed_figure(held_out: dict) -> str:
+    """The cards' clause on held-out mixed-voice contexts (``held_out["mixed_voices"]``: chain metrics untrained and
+    trained), or that they were not measured (a report from before they were)."""
+    mx = held_out.get("mixed_voices")
+    return (f": {mx['trained']['tokens_per_forward']:.2f} tokens per target forward "
+            f"(untrained {mx['untrained']['tokens_per_forward']:.2f})") if mx else ": not measured"
+
+
 def model_card(r: dict) -> str:
     """The heads' model card: what they are, how they were trained, what they reach on held-out answers."""
     t, u, tr = r["held_out"]["trained"], r["held_out"]["untrained"], r["train"]
-    mx = r["held_out"].get("mixed_voices")
-    mixed = (f": {mx['trained']['tokens_per_forward']:.2f} tokens per target forward "
-             f"(untrained {mx['untrained']['tokens_per_forward']:.2f})") if mx else ": not measured"
+    mixed = mixed_figure(r["held_out"])
     rows = "\n".join(f"| {i} (token t+{i + 2}) | {u['top1_by_head'][i]:.3f} | {t['top1_by_head'][i]:.3f} | "
                      f"{t['chain_acceptance_by_depth'][i]:.3f} |" for i in range(r["heads"]))
     return f"""# Medusa heads for the demo target
