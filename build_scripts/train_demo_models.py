@@ -117,13 +117,17 @@ JUDGE_SPEC = ModelSpec(96, 6, 3, 1, 288)
 
 @dataclass
 class TrainBudget:
-    """Stop at ``steps`` optimizer steps or ``minutes`` of wall time, whichever comes first."""
+    """Stop at ``steps`` optimizer steps or ``minutes`` of wall time, whichever comes first.
+
+    ``lr`` is the peak learning rate; the cosine decay ends at ``lr * lr_floor``.
+    """
 
     steps: int
     minutes: float
     lr: float
     batch_size: int
     warmup_steps: int = 100
+    lr_floor: float = 0.1
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -464,10 +468,18 @@ def pick_autocast(model, device: str, batch: tuple[torch.Tensor, torch.Tensor]) 
     return choice
 
 
+def learning_rate(budget: TrainBudget, step: int, progress: float) -> float:
+    """Learning rate at optimizer step ``step`` (0-based) and schedule ``progress`` in [0, 1]: linear warm-up over
+    ``budget.warmup_steps`` times a cosine from ``budget.lr`` down to ``budget.lr * budget.lr_floor`` (SGDR,
+    Loshchilov & Hutter 2017, eq. 5, one cycle with eta_min = lr * lr_floor)."""
+    cosine = budget.lr_floor + (1 - budget.lr_floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return budget.lr * min(1.0, (step + 1) / budget.warmup_steps) * cosine
+
+
 def train_lm(model, batches: Iterator, budget: TrainBudget, device: str, desc: str,
              dev_eval: Callable[[], str] | None = None, dev_every_s: float = 600.0, dev_every_steps: int = 0,
              loss_fn: Callable | None = None) -> dict:
-    """AdamW + linear warmup + cosine decay (to 10%) over ``progress = max(step/steps, time/minutes)``.
+    """AdamW + linear warmup + cosine decay (to ``budget.lr_floor`` of the peak) over ``progress = max(step/steps, time/minutes)``.
 
     Args:
         loss_fn: ``(model, batch) -> (loss, tokens)``; default: causal LM loss on ``labels``.
@@ -504,7 +516,7 @@ def train_lm(model, batches: Iterator, budget: TrainBudget, device: str, desc: s
         progress = max(step / budget.steps, elapsed / (budget.minutes * 60))
         if progress >= 1.0:
             break
-        lr = budget.lr * min(1.0, (step + 1) / budget.warmup_steps) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        lr = learning_rate(budget, step, progress)
         for g in opt.param_groups:
             g["lr"] = lr
         phase = step % probe_every
@@ -545,7 +557,7 @@ def train_lm(model, batches: Iterator, budget: TrainBudget, device: str, desc: s
     model.eval()
     return {"steps": step, "seconds": round(seconds, 1), "tokens": tokens, "final_loss_ema": round(ema or 0.0, 4),
             "tokens_per_second": round(tokens / seconds, 1), "autocast": str(amp) if amp else "fp32",
-            "lr": budget.lr, "batch_size": budget.batch_size, "budget_steps": budget.steps,
+            "lr": budget.lr, "lr_floor": budget.lr_floor, "batch_size": budget.batch_size, "budget_steps": budget.steps,
             "budget_minutes": budget.minutes, "stopped_by": "steps" if step >= budget.steps else "time",
             "steps_by_threads": threads_used}
 
@@ -1067,6 +1079,8 @@ the steps worded otherwise), as a small model of another family phrases steps it
         return (f"{t['seconds'] / 60:.1f} min, {t['steps']:,} steps x batch {t['batch_size']}, {t['tokens'] / 1e6:.2f}M "
                 f"tokens ({t['tokens_per_second']:.0f} tok/s, {t['autocast']}), stopped by {t['stopped_by']}")
 
+    # (records written before the floor was a parameter have none: their schedules ended at 10%)
+    floors = ", ".join(f"{tr[n].get('lr_floor', 0.1):.1%} ({n})" for n in ("target", "draft", "judge") if n in tr) or "n/a"
     earlier = "".join(f"; continued from an earlier stage of {t['seconds'] / 60:.1f} min, {t['steps']:,} steps, "
                       f"{t['tokens'] / 1e6:.2f}M tokens" for t in tr.get("target_earlier_stages", []))
     # what the commands above do not say (a stage replaced, why): eval.json's training["history"], written by hand
@@ -1171,7 +1185,7 @@ problems, labelled with `steps_equivalent`.
 | judge | {ttime('judge')} ({tr.get('judge', {}).get('examples', 'n/a')} examples){earlier_judge} |
 | total wall time | {tr.get('total_minutes', 'n/a')} min over {len(tr.get('commands', [])) or 1} run(s) (tokenizer, data, trainings, saving; evaluation not included) |
 {history}
-AdamW (betas 0.9/0.98, weight decay 0.05), linear warm-up, cosine decay to 10%, gradient clipping 1.0, fp32
+AdamW (betas 0.9/0.98, weight decay 0.05), linear warm-up, cosine decay to {floors} of the peak learning rate, gradient clipping 1.0, fp32
 unless bf16 autocast measured faster at start-up. Machine: {tr.get('machine', m.get('processor'))}.
 
 ## Evaluation
@@ -1225,6 +1239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--target-steps", type=int, default=100000)
     ap.add_argument("--target-minutes", type=float, default=64.0)
     ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--target-lr-floor", type=float, default=0.025,
+                    help="the cosine schedule ends at this fraction of --target-lr")
     ap.add_argument("--target-init", type=Path, default=None,
                     help="start the target from this checkpoint folder (continue training) instead of from scratch")
     ap.add_argument("--target-data-offset", type=int, default=0,
@@ -1232,6 +1248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draft-steps", type=int, default=100000)
     ap.add_argument("--draft-minutes", type=float, default=8.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--draft-lr-floor", type=float, default=0.025)
     ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=1,
                     help="wording of the draft's training solutions: 0 the target's, 1 its own (synthetic.step_style). "
                          "With 1 and --no-mixed-voices the target, trained on voice 0 only, loses its way after accepted "
@@ -1242,6 +1259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--judge-steps", type=int, default=100000)
     ap.add_argument("--judge-minutes", type=float, default=18.0)
     ap.add_argument("--judge-lr", type=float, default=1.5e-3)
+    ap.add_argument("--judge-lr-floor", type=float, default=0.1)
     ap.add_argument("--judge-neg-weight", type=float, default=10.0, help="loss weight of 'unaligned' verdicts")
     ap.add_argument("--judge-init", default="target",
                     help="'target' (the trained target's embeddings and first layers), 'scratch', or a judge "
@@ -1259,6 +1277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.judge_given_pairs < 0:
         ap.error(f"--judge-given-pairs must be >= 0, got {args.judge_given_pairs}")
+    for name in ("target_lr_floor", "draft_lr_floor", "judge_lr_floor"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            ap.error(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
 
     torch.set_num_threads(args.threads)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -1305,7 +1326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 target.load_state_dict(load_checkpoint(args.target_init)[0].state_dict())
                 tqdm.write(f"   continuing from {args.target_init}")
             tqdm.write(f"   {target.num_parameters():,} parameters")
-            b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size)
+            b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size, lr_floor=args.target_lr_floor)
             training["target"] = train_lm(target, problem_batches(tok, syn.derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size, args.style, mixed=args.mixed_voices),
                                           b, device, "target", dev_solve_eval(target, tok, 48 if not args.quick else 8, args.seed),
                                           dev_every_steps=args.dev_every_steps)
@@ -1317,7 +1338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tqdm.write("== draft")
             draft = make_model(DRAFT_SPEC, tok, syn.derive_seed(args.seed, "init-draft"))
             tqdm.write(f"   {draft.num_parameters():,} parameters ({draft.num_parameters() / target.num_parameters():.3f} of the target)")
-            b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size)
+            b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size, lr_floor=args.draft_lr_floor)
             batches = problem_batches(tok, syn.derive_seed(args.seed, "data-draft"), b.batch_size, args.style,
                                       voice=args.draft_voice, mixed=args.mixed_voices)
             training["draft"] = train_lm(draft, batches,
@@ -1398,7 +1419,8 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     tqdm.write(f"   judge: {judge.num_parameters():,} parameters, initialised from {args.judge_init}")
     prefix_len = judge_prefix_len(tok)
     pad_id = tok.convert_tokens_to_ids(PAD)
-    b = TrainBudget(args.judge_steps, args.judge_minutes, args.judge_lr, args.batch_size * 2, warmup_steps=100)
+    b = TrainBudget(args.judge_steps, args.judge_minutes, args.judge_lr, args.batch_size * 2, warmup_steps=100,
+                    lr_floor=args.judge_lr_floor)
     dev_pairs = syn.generate_step_pairs(300, syn.derive_seed(args.seed, "judge-dev"), style=args.style)
 
     def dev() -> str:

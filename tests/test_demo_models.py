@@ -210,6 +210,20 @@ def test_mixed_voice_training_examples_carry_loss_on_their_own_voice_only(loaded
     assert seen_masked >= 10
 
 
+def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
+    """`train_demo_models.learning_rate`: linear warm-up to the peak, then a cosine that never rises and ends at
+    ``lr * lr_floor`` (the floor the training record states)."""
+    tdm = build_script("train_demo_models")
+    for floor in (0.0, 0.025, 0.1, 1.0):
+        b = tdm.TrainBudget(steps=1000, minutes=1.0, lr=2e-3, batch_size=16, warmup_steps=100, lr_floor=floor)
+        assert tdm.learning_rate(b, 0, 0.0) == pytest.approx(2e-3 / 100)
+        assert tdm.learning_rate(b, 99, 0.0) == pytest.approx(2e-3)
+        assert tdm.learning_rate(b, 999, 1.0) == pytest.approx(2e-3 * floor)
+        assert tdm.learning_rate(b, 500, 0.5) == pytest.approx(2e-3 * (1 + floor) / 2)
+        after = [tdm.learning_rate(b, 100 + i, i / 900) for i in range(901)]
+        assert all(x >= y - 1e-15 for x, y in zip(after, after[1:]))
+
+
 def test_head_training_learns_only_what_the_target_writes(loaded):
     """Medusa's and EAGLE-3's training rows (build_scripts/train_medusa_heads.py, train_eagle3_head.py): with the
     draft's wording mixed into an answer, a position trains Medusa only when the target writes its next two tokens,
