@@ -1248,7 +1248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draft-steps", type=int, default=100000)
     ap.add_argument("--draft-minutes", type=float, default=8.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--draft-lr-floor", type=float, default=0.025)
+    ap.add_argument("--draft-lr-floor", type=float, default=0.025, help="the cosine schedule ends at this fraction of --draft-lr")
     ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=1,
                     help="wording of the draft's training solutions: 0 the target's, 1 its own (synthetic.step_style). "
                          "With 1 and --no-mixed-voices the target, trained on voice 0 only, loses its way after accepted "
@@ -1259,7 +1259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--judge-steps", type=int, default=100000)
     ap.add_argument("--judge-minutes", type=float, default=18.0)
     ap.add_argument("--judge-lr", type=float, default=1.5e-3)
-    ap.add_argument("--judge-lr-floor", type=float, default=0.1)
+    ap.add_argument("--judge-lr-floor", type=float, default=0.1, help="the cosine schedule ends at this fraction of --judge-lr")
     ap.add_argument("--judge-neg-weight", type=float, default=10.0, help="loss weight of 'unaligned' verdicts")
     ap.add_argument("--judge-init", default="target",
                     help="'target' (the trained target's embeddings and first layers), 'scratch', or a judge "
