@@ -325,6 +325,29 @@ def test_step_pairs_of_chosen_kinds():
             syn.generate_step_pairs(1, 0, style=style, kinds=bad)
 
 
+def test_same_number_pairs_are_what_the_arithmetic_guard_lets_through():
+    """The judge's extra pairs: two steps without a computation that state the same numbers (a final answer
+    against a running total, a given against another event). Most pass the arithmetic guard, so the words
+    decide; about half are not equivalent, labels are ground truth, and the set is deterministic per seed."""
+    from lookahead_reasoning.core.verifiers import same_arithmetic
+
+    pairs = syn.generate_same_number_pairs(1000, seed=5)
+    assert len(pairs) == 1000 and pairs == syn.generate_same_number_pairs(1000, seed=5)
+    assert pairs != syn.generate_same_number_pairs(1000, seed=6)
+    assert all(y == steps_equivalent(a, b) for a, b, y in pairs)
+    assert all(syn.parse_step(a) is None and syn.parse_step(b) is None for a, b, _ in pairs)
+    assert sum(same_arithmetic(a, b) for a, b, _ in pairs) > 0.95 * len(pairs)
+    negatives = [(a, b) for a, b, y in pairs if not y]
+    assert 0.4 < len(negatives) / len(pairs) < 0.6
+    assert all(re.findall(r"\d+", a) and set(re.findall(r"\d+", a)) == set(re.findall(r"\d+", b)) for a, b in negatives)
+    assert {syn.step_meaning(a)[0] for a, _ in negatives} >= {"final", "summary", "conclude", "given"}
+    assert syn.generate_same_number_pairs(0, seed=5) == []
+    with pytest.raises(ValueError, match="n must"):
+        syn.generate_same_number_pairs(-1, seed=5)
+    with pytest.raises(ValueError, match="style"):
+        syn.generate_same_number_pairs(1, seed=5, style="medium")
+
+
 def test_held_out_judge_pairs_are_pinned():
     """The judge's held-out pairs (every judge figure in the model cards and RESULTS.md) stay the same pairs: a change
     to the pair generator that moves them shows up here, not as a silent change of the evaluation set."""

@@ -52,6 +52,7 @@ __all__ = [
     "StepSpec",
     "extract_answer",
     "generate_problems",
+    "generate_same_number_pairs",
     "generate_step_pairs",
     "is_reserved_seed",
     "parse_step",
@@ -930,6 +931,60 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
         kind = present[rng.randrange(len(present))] if rng.random() < 0.5 else None
         at = [i for i, k in enumerate(prob.kinds) if k == kind or kind is None and k in present]
         pairs.append(_make_pair(rng, prob, at[rng.randrange(len(at))]))
+    return pairs
+
+
+def generate_same_number_pairs(n: int, seed: int, style: str = "long") -> list[StepPair]:
+    """Labelled pairs of two steps that state the same set of numbers: the pairs an arithmetic guard (such as
+    :func:`lookahead_reasoning.core.verifiers.same_arithmetic`) lets through, so a judge alone must tell them
+    apart by their words.
+
+    Pairs come two at a time from one problem: a step ``i`` without a computation (a restated given, a summary, a
+    conclusion, the final answer, ...; equations already differ in their operands or result) against another
+    such step ``j`` of it that states the same numbers (``"The answer is 401 apples."`` / ``"That puts it at
+    401."``; a restated given / another event with the same numbers), in ``j``'s own or another wording; and step
+    ``i`` against another wording of itself. So about half are not equivalent (a few ``j`` mean the same as
+    ``i``); in :func:`generate_step_pairs` such negatives are about 2% of the pairs. Which step is "A" is random;
+    labels come from :func:`steps_equivalent`.
+
+    Args:
+        n: number of pairs (>= 0).
+        seed: int; deterministic per ``(n, seed, style)``.
+        style: the problems' style (:data:`STYLES`); difficulty is a mix of all levels.
+
+    Returns:
+        list[:class:`StepPair`] of length ``n``.
+
+    Raises:
+        ValueError: ``n < 0`` or unknown ``style``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    rng = random.Random(seed)
+    pairs: list[StepPair] = []
+
+    def reworded(prob: Problem, j: int) -> str:
+        return render_spec(prob.specs[j], prob.context, *_other_style(rng, prob.specs[j], *_style_at(prob, j)))
+
+    def ordered(a: str, b: str) -> StepPair:
+        a, b = (a, b) if rng.random() < 0.5 else (b, a)
+        return StepPair(a, b, steps_equivalent(a, b))
+
+    while len(pairs) < n:
+        prob = _generate_one(rng, DIFFICULTIES[rng.randrange(len(DIFFICULTIES))], style)
+        # steps without a computation: an equation's operands and result already tell computations apart
+        nums = [frozenset(re.findall(r"\d+", s)) if spec.computation is None else frozenset()
+                for s, spec in zip(prob.steps, prob.specs)]
+        same = [(i, j) for i in range(len(nums)) for j in range(len(nums)) if i != j and nums[i] and nums[i] == nums[j]]
+        if not same:
+            continue
+        i, j = same[rng.randrange(len(same))]
+        other = prob.steps[j] if rng.random() < 0.5 else reworded(prob, j)
+        pairs.append(ordered(prob.steps[i], other))
+        if len(pairs) < n:
+            pairs.append(ordered(prob.steps[i], reworded(prob, i)))
     return pairs
 
 
