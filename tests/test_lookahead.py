@@ -181,6 +181,40 @@ def test_requests_in_flight_is_counted_per_stream(trio, delimiter):
     assert max(seen) == 2 and r.requests_in_flight == 0
 
 
+def test_adaptive_gamma_rechecks_the_load_before_the_target_verifies(trio, delimiter):
+    """Requests that arrive while a cycle's steps are drafted (a burst after a quiet spell) lower the cap before
+    the target call: the drafted steps beyond the cap are not verified, at a cap of 0 none and no token-level
+    SD either, and the output is unchanged (exact judge, greedy)."""
+    target, same, _ = trio
+
+    class Burst:  # the draft engine, with requests arriving during its first call of each request
+        def __init__(self, inner, arrivals):
+            self.inner, self.arrivals, self.calls = inner, arrivals, 0
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        async def agenerate(self, reqs):
+            self.calls += 1
+            if self.calls == 1:
+                r.requests_in_flight += self.arrivals
+            return await self.inner.agenerate(reqs)
+
+    opts = _opts(delimiter, mode="lr+sd", adaptive_gamma=True, adaptive_load_threshold=3)
+    ar = LookaheadReasoner(target, same, use_chat_template=False).run(PROMPTS[0], options=_opts(delimiter, mode="ar"))
+    for arrivals in (0, 2):
+        draft = Burst(same, arrivals)
+        r = LookaheadReasoner(target, draft, use_chat_template=False)
+        res = r.run(PROMPTS[0], options=opts)
+        r.requests_in_flight -= arrivals
+        assert res.text == ar.text and r.requests_in_flight == 0
+        assert res.metrics.drafted_steps > 0
+        if arrivals:  # load 3 = the threshold from the first draft call on: nothing verified, no token SD
+            assert res.metrics.verified_steps == 0 and res.metrics.target.proposed_tokens == 0
+        else:
+            assert res.metrics.verified_steps > 0
+
+
 def test_overloaded_adaptive_gamma_stops_step_and_token_speculation(trio, delimiter):
     target, same, _ = trio
     r = LookaheadReasoner(target, same, use_chat_template=False)

@@ -146,7 +146,9 @@ class AdaptiveGamma:
       ``gamma = min(gamma, floor(max_gamma * (load_threshold - load) / (load_threshold - 1)))``: a batch of many
       requests is compute-bound, so extra branch rows cost what they would save (measured on the demo trio:
       ``lr+sd`` 1.67x ``ar`` at concurrency 1, 1.23x at 4, 0.90x at 16; ``benchmarks/RESULTS.md``, issue 19).
-      Requests, not engine rows, are counted: rows shrink as gamma falls, and a row count made the cap oscillate;
+      Requests, not engine rows, are counted: rows shrink as gamma falls, and a row count made the cap oscillate.
+      The sync loop reads the cap again once a cycle's steps are drafted, before the target call, and verifies
+      only that many: in a burst the first requests plan their cycle before the others arrive;
     - at ``gamma == 0`` every ``probe_every``-th cycle runs with ``gamma = 1`` (while the cap allows it) so the
       controller can see acceptance again and recover;
     - at a cap of 0 the request's token-level SD is off too (the loop's ``_gamma``), as vLLM's
@@ -661,6 +663,17 @@ class _Run:
         self.overloaded = self.controller.cap(load) == 0
         return self.controller.next_gamma(load)
 
+    def _verify_depth(self, drafted: int) -> int:
+        """How many of the ``drafted`` steps the target verifies: all of them, unless adaptive gamma's load cap
+        fell while they were drafted (requests arrived, as in a burst after a quiet spell): then the cap at this
+        moment, so the target call of a cycle planned at low load does not add branch rows to a full batch (and
+        at a cap of 0 it runs without token-level SD, as :meth:`_gamma` would have planned)."""
+        if self.controller is None:
+            return drafted
+        cap = self.controller.cap(self.reasoner.requests_in_flight)
+        self.overloaded = cap == 0
+        return min(drafted, cap)
+
     # -- loops -----------------------------------------------------------------------------------------
     async def events(self) -> AsyncIterator[StepEvent | LRResult]:
         if self.opts.speculative and self.opts.async_mode:
@@ -698,6 +711,8 @@ class _Run:
             used += len(cands[0].target_ids)
             if cands[0].finish != "stop":
                 break  # EOS or a cut step: nothing sensible follows it
+        keep = self._verify_depth(len(chain))
+        chain, candidates = chain[:keep], candidates[:keep]
         prefixes, budgets = [], []
         used = 0
         for j in range(len(chain) + 1):
