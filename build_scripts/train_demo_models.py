@@ -1172,7 +1172,8 @@ word, `]` and EOS, with loss on those answer tokens (negatives weighted higher, 
 hard negatives: one digit changed, other operands, other operation, another step of the problem, a restated
 given against another event with the same numbers; half of the pairs drawn per step kind, so that the
 one-per-problem kinds are not rare; long style: `--judge-given-pairs` more pairs of restated givens, the kind
-whose negatives differ in words only) plus real
+whose negatives differ in words only, and `--judge-same-number-pairs` pairs from `generate_same_number_pairs`, two
+steps stating the same numbers, the pairs the arithmetic guard lets through) plus real
 (target step, draft step) pairs that the trained target and draft wrote from gold prefixes of training
 problems, labelled with `steps_equivalent`.
 
@@ -1258,14 +1259,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "voice's steps only (lm_example): the target reads the draft's accepted steps and keeps its words")
     ap.add_argument("--judge-steps", type=int, default=100000)
     ap.add_argument("--judge-minutes", type=float, default=18.0)
-    ap.add_argument("--judge-lr", type=float, default=1.5e-3)
-    ap.add_argument("--judge-lr-floor", type=float, default=0.1, help="the cosine schedule ends at this fraction of --judge-lr")
+    ap.add_argument("--judge-lr", type=float, default=7.5e-4,
+                    help="peak learning rate of the judge (1.5e-3 until 2026-12-05: its runs varied, RESULTS.md)")
+    ap.add_argument("--judge-lr-floor", type=float, default=0.025, help="the cosine schedule ends at this fraction of --judge-lr")
     ap.add_argument("--judge-neg-weight", type=float, default=10.0, help="loss weight of 'unaligned' verdicts")
     ap.add_argument("--judge-init", default="target",
                     help="'target' (the trained target's embeddings and first layers), 'scratch', or a judge "
                          "checkpoint folder to continue (its data order then differs from the first stage's)")
     ap.add_argument("--judge-given-pairs", type=int, default=15000,
                     help="extra synthetic pairs of restated givens (long style): their negatives differ in words only")
+    ap.add_argument("--judge-same-number-pairs", type=int, default=10000,
+                    help="long style: more pairs of two steps stating the same numbers (the pairs the arithmetic guard "
+                         "passes to the judge; half not equivalent)")
     ap.add_argument("--judge-real-problems", type=int, default=300, help="training problems whose real draft/target steps the judge sees")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--dev-every-steps", type=int, default=0, help="dev evaluation every N steps (0: every 5 min)")
@@ -1275,8 +1280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny budgets and evaluation sets")
     args = ap.parse_args(argv)
-    if args.judge_given_pairs < 0:
-        ap.error(f"--judge-given-pairs must be >= 0, got {args.judge_given_pairs}")
+    for name in ("judge_given_pairs", "judge_same_number_pairs"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("target_lr_floor", "draft_lr_floor", "judge_lr_floor"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             ap.error(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
@@ -1292,6 +1298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.judge_steps, args.judge_minutes = 30, 0.5
         args.judge_real_problems = 40
         args.judge_given_pairs = min(args.judge_given_pairs, 40)
+        args.judge_same_number_pairs = min(args.judge_same_number_pairs, 40)
     eval_json = out / "eval.json"
     # A continuation (--only, --target-init, a judge checkpoint) adds a stage to the saved training record;
     # a full run from scratch starts a new one.
@@ -1400,6 +1407,11 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     n_given = args.judge_given_pairs if args.style == "long" else 0
     if n_given:
         syn_pairs += syn.generate_step_pairs(n_given, syn.derive_seed(args.seed, "judge-given-pairs"), style="long", kinds=("given",))
+    # pairs the arithmetic guard lets through (two steps stating the same numbers): about 2% of the pairs above
+    # are such negatives, and they are what the judge decides alone (a final answer against a running total)
+    n_same = args.judge_same_number_pairs if args.style == "long" else 0
+    if n_same:
+        syn_pairs += syn.generate_same_number_pairs(n_same, syn.derive_seed(args.seed, "judge-same-number-pairs"))
     ex = judge_examples(tok, syn_pairs, "synthetic")
     # real pairs from training-distribution problems (never the evaluation seed)
     probs = training_problems(args.judge_real_problems, args.seed, "judge-real", args.style,
@@ -1432,6 +1444,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
                      b, device, "judge", dev, dev_every_s=120.0, loss_fn=judge_loss_fn(device))
     facts["examples"] = len(ex)
     facts["extra_given_pairs"] = n_given
+    facts["same_number_pairs"] = n_same
     facts["real_pairs"] = len(real)
     facts["real_pairs_not_equivalent"] = len(real_neg)
     save_checkpoint(judge, tok, out / "judge")
