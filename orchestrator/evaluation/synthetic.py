@@ -950,18 +950,19 @@ def generate_same_number_pairs(n: int, seed: int, style: str = "long") -> list[S
     Args:
         n: number of pairs (>= 0).
         seed: int; deterministic per ``(n, seed, style)``.
-        style: the problems' style (:data:`STYLES`); difficulty is a mix of all levels.
+        style: the problems' style; only ``"long"`` has steps without a computation. Difficulty is a mix of all
+            levels.
 
     Returns:
         list[:class:`StepPair`] of length ``n``.
 
     Raises:
-        ValueError: ``n < 0`` or unknown ``style``.
+        ValueError: ``n < 0`` or a style other than ``"long"``.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if style not in STYLES:
-        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    if style != "long":
+        raise ValueError(f"style must be 'long' (the only style with steps without a computation), got {style!r}")
     rng = random.Random(seed)
     pairs: list[StepPair] = []
 
