@@ -659,9 +659,14 @@ class _Run:
             return 0
         if self.controller is None:
             return self.opts.gamma
-        load = self.reasoner.requests_in_flight
-        self.overloaded = self.controller.cap(load) == 0
-        return self.controller.next_gamma(load)
+        self._read_cap()
+        return self.controller.next_gamma(self.reasoner.requests_in_flight)
+
+    def _read_cap(self) -> int:
+        """Adaptive gamma's cap at the load now; a cap of 0 turns this cycle's token-level SD off too."""
+        cap = self.controller.cap(self.reasoner.requests_in_flight)
+        self.overloaded = cap == 0
+        return cap
 
     def _verify_depth(self, drafted: int) -> int:
         """How many of the ``drafted`` steps the target verifies: all of them, unless adaptive gamma's load cap
@@ -670,9 +675,7 @@ class _Run:
         at a cap of 0 it runs without token-level SD, as :meth:`_gamma` would have planned)."""
         if self.controller is None:
             return drafted
-        cap = self.controller.cap(self.reasoner.requests_in_flight)
-        self.overloaded = cap == 0
-        return min(drafted, cap)
+        return min(drafted, self._read_cap())
 
     # -- loops -----------------------------------------------------------------------------------------
     async def events(self) -> AsyncIterator[StepEvent | LRResult]:
