@@ -141,6 +141,16 @@ class ServerMetrics:
             self._series[key] = self._families[name].Metric(labels=labels, **kwargs)
         return self._series[key]
 
+    def close(self) -> None:
+        """Free every series and family now; call it from the model's ``finalize``.
+
+        Freed later, at the stub's exit, a family clears its series through the stub's shared memory, which is
+        gone by then: the stub died with SIGSEGV in ``MetricFamily::~MetricFamily`` -> ``Metric::Clear`` ->
+        ``Metric::SaveToSharedMemory`` inside ``Stub::~Stub`` at every shutdown (gdb, Triton 2.51 as bundled).
+        """
+        self._series.clear()
+        self._families.clear()
+
     def add(self, name: str, value: float = 1.0, **labels: str) -> None:
         """Increment counter ``name`` (a value of 0 is skipped: Triton refuses nothing, but it is a no-op)."""
         if value:

@@ -225,3 +225,4 @@ class LookaheadReasoningModel:
 
     def finalize(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.metrics.close()  # while the stub's shared memory is still there (ServerMetrics.close says why)

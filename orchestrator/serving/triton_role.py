@@ -85,9 +85,12 @@ class RoleModel:
         self._families[3].Metric(labels={**labels, "dtype": engine_dtype(self.engine)}).set(1)
 
     def _observe(self) -> None:
-        self._active.set(getattr(self.engine, "active_sequences", 0))
+        active, cache_bytes = self._active, self._cache_bytes  # (None once finalize has freed them)
+        if active is None or cache_bytes is None:
+            return
+        active.set(getattr(self.engine, "active_sequences", 0))
         cache = getattr(self.engine, "prefix_cache", None)
-        self._cache_bytes.set(cache.nbytes if cache is not None else 0)
+        cache_bytes.set(cache.nbytes if cache is not None else 0)
 
     async def execute(self, requests):
         if getattr(self, "_ticker", None) is None:  # refresh the engine gauges while requests run
@@ -141,6 +144,10 @@ class RoleModel:
             sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg, code)), flags=final)
 
     def finalize(self) -> None:
+        # the metric families go first, while the stub's shared memory is still there: freed at the stub's exit they
+        # crash it (ServerMetrics.close says why)
+        self._families = []
+        self._active = self._cache_bytes = self._cancelled = None
         self.engine.close()
         if self.draft_engine is not None:
             self.draft_engine.close()
