@@ -146,7 +146,8 @@ class ServerMetrics:
 
         Freed later, at the stub's exit, a family clears its series through the stub's shared memory, which is
         gone by then: the stub died with SIGSEGV in ``MetricFamily::~MetricFamily`` -> ``Metric::Clear`` ->
-        ``Metric::SaveToSharedMemory`` inside ``Stub::~Stub`` at every shutdown (gdb, Triton 2.51 as bundled).
+        ``Metric::SaveToSharedMemory`` inside ``Stub::~Stub`` (one to four stubs at every shutdown; gdb, Triton 2.51 as
+        bundled).
         """
         self._series.clear()
         self._families.clear()
