@@ -850,6 +850,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     def lap(name: str) -> None:  # wall seconds of each part of the evaluation, for the run's time budget
         res["evaluation_seconds"][name] = round(time.perf_counter() - t_lap[0], 1)
         t_lap[0] = time.perf_counter()
+
     target, tok = load_checkpoint(out / "target", device)
     draft, _ = load_checkpoint(out / "draft", device)
     judge, _ = load_checkpoint(out / "judge", device)

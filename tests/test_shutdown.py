@@ -1,7 +1,7 @@
 """Shutdown of a real Triton server: every model unloads and no Python-backend stub dies on the way out.
 
-Before ``finalize`` freed the custom metric families, every stub (the orchestrator's and each role model's) died with
-SIGSEGV at exit, inside ``MetricFamily::~MetricFamily`` (``ServerMetrics.close`` says why).
+Before ``finalize`` freed the custom metric families, one to four stubs (the orchestrator's and the role models') died
+with SIGSEGV at every shutdown, inside ``MetricFamily::~MetricFamily`` (``ServerMetrics.close`` says why).
 """
 
 from __future__ import annotations
