@@ -246,8 +246,9 @@ def make_model(spec: ModelSpec, tok, seed: int):
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
     # Training runs eager attention: at these shapes (3 heads x 32, ~300 positions, batch 16) SDPA's CPU flash kernel
-    # took half of the target's bf16 training step, and eager trained 1.10-1.26x faster in each of 4 rotated rounds
-    # (RESULTS.md, 2026-12-05 afternoon). Not saved in config.json: the saved checkpoints load with the default.
+    # took half of the target's bf16 training step; eager ran isolated steps 1.10-1.26x faster (4 rotated rounds) and
+    # the training loop 1.04x (4 runs of 3 minutes, ABBA; RESULTS.md, 2026-12-05 afternoon). Not saved in
+    # config.json: the saved checkpoints load with the default.
     model.set_attn_implementation("eager")
     return model
 
