@@ -224,6 +224,38 @@ def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
         assert all(x >= y - 1e-15 for x, y in zip(after, after[1:]))
 
 
+def test_compiled_layers_train_like_eager_and_leave_an_eager_model(loaded):
+    """`train_demo_models.compiled_layers` (torch.compile per decoder layer, used to train target and draft): the
+    loss and gradients match eager ones for batches of two lengths (one dynamic graph), and afterwards the layers
+    run eager again, so generating with a KV cache works. The first compile takes ~10-20 s on 2 cores."""
+    tdm = build_script("train_demo_models")
+    _, tok = loaded["target"]
+    model = tdm.make_model(tdm.ModelSpec(32, 2, 1, 1, 64), tok, seed=0).train()
+    batches = tdm.problem_batches(tok, seed=1, batch_size=2, style=style_of(tok), drill_every=0)
+    shapes = set()
+    for _ in range(2):
+        ids, labels = next(batches)
+        shapes.add(ids.shape[1])
+        ref = model(input_ids=ids, labels=labels, use_cache=False).loss
+        ref.backward()
+        ref_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        with tdm.compiled_layers(model, True):
+            assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
+            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+            loss.backward()
+        assert float(loss) == pytest.approx(float(ref), rel=1e-4)
+        for p, g in zip(model.parameters(), ref_grads):
+            torch.testing.assert_close(p.grad, g, rtol=1e-3, atol=1e-5)
+        model.zero_grad()
+    assert len(shapes) == 2, shapes
+    assert all(layer._compiled_call_impl is None for layer in model.model.layers)
+    prompt = torch.tensor([chat_ids(tok, "Ann has 3 apples.")])
+    with torch.compiler.set_stance("fail_on_recompile"):  # an eager model never compiles
+        out = model.eval().generate(prompt, max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, prompt.shape[1] + 4)
+
+
 def test_head_training_learns_only_what_the_target_writes(loaded):
     """Medusa's and EAGLE-3's training rows (build_scripts/train_medusa_heads.py, train_eagle3_head.py): with the
     draft's wording mixed into an answer, a position trains Medusa only when the target writes its next two tokens,
