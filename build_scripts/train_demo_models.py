@@ -1140,7 +1140,8 @@ the steps worded otherwise), as a small model of another family phrases steps it
         if not t:
             return "n/a"
         return (f"{t['seconds'] / 60:.1f} min, {t['steps']:,} steps x batch {t['batch_size']}, {t['tokens'] / 1e6:.2f}M "
-                f"tokens ({t['tokens_per_second']:.0f} tok/s, {t['autocast']}), stopped by {t['stopped_by']}")
+                f"tokens ({t['tokens_per_second']:.0f} tok/s, {t['autocast']}{', layers compiled' if t.get('compiled_layers') else ''}), "
+                f"stopped by {t['stopped_by']}")
 
     # (records written before the floor was a parameter have none: their schedules ended at 10%)
     floors = ", ".join(f"{tr[n].get('lr_floor', 0.1):.1%} ({n})" for n in ("target", "draft", "judge") if n in tr) or "n/a"
