@@ -1342,7 +1342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="train target and draft with each decoder layer compiled by torch.compile (compiled_layers; "
                          "needs a C++ compiler on a CPU)")
-    ap.add_argument("--dev-every-steps", type=int, default=0, help="dev evaluation every N steps (0: every 5 min)")
+    ap.add_argument("--dev-every-steps", type=int, default=0, help="dev evaluation every N steps (0: every 10 min)")
     ap.add_argument("--only", choices=["tokenizer", "target", "draft", "judge"], nargs="*",
                     help="train only these parts (others are loaded from --out)")
     ap.add_argument("--eval-only", action="store_true", help="only evaluate the checkpoints under --out")
