@@ -19,10 +19,12 @@ Usage::
 Budgets: every model trains until its step budget OR its time budget is used up, whichever comes first;
 the learning-rate schedule follows ``progress = max(step / steps, elapsed / time budget)``, so a run
 bounded by steps (a fast machine) is deterministic per seed, and one bounded by time (a slow one) still
-finishes its schedule in time. The default time budgets (target 64, draft 8, judge 18 minutes, plus data and
+finishes its schedule in time. The default time budgets (target 64, draft 14, judge 12 minutes, plus data and
 saving) keep a whole run within 100 minutes on a 2-core machine; on such a machine the time budgets bind. A
 56 / 8 / 26 split was tried (2026-12-04, machine F): its target solved 92.0% of the held-out problems against
-98.4% with 64 minutes, and the longer judge was no more precise (RESULTS.md, issue 19).
+98.4% with 64 minutes, and the longer judge was no more precise. Until 2026-12-05 the split was 64 / 8 / 18; the
+judge then learned in minutes once it trained only on the pairs the verifier asks it about (``--judge-guarded``),
+and the draft, whose wording drifted to the target's with fewer steps, got the minutes (RESULTS.md, issue 19).
 Batches are 16 sequences (the judge's 32): in a 12-minute pilot, batch 16 reached a training loss of 0.89
 where batch 32 was at 2.09 at the same wall time (RESULTS.md, issue 19).
 """
@@ -711,6 +713,13 @@ def judge_examples(tok, pairs: Sequence[tuple[str, str, bool]], source: str) -> 
     return [JudgeExample(build_judge_ids(tok, a, b), ans[bool(y)], bool(y), source) for a, b, y in pairs]
 
 
+def reaches_judge(a: str, b: str) -> bool:
+    """Whether the ``llm`` verifier, with its default arithmetic guard, asks its judge about the pair ``(a, b)``
+    (``core.verifiers._Semantic.verify``): not a normalized match (accepted without a judge call) and not rejected by
+    :func:`same_arithmetic` (rejected without one)."""
+    return normalize(a) != normalize(b) and same_arithmetic(a, b)
+
+
 def judge_prefix_len(tok) -> int:
     """Length of the constant judge-prompt head (identical for every pair)."""
     x = build_judge_ids(tok, "1 + 1 = 2.", "3 + 4 = 7.")
@@ -966,7 +975,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     # the verifier as the demo profile runs it (core.verifiers): normalized match, then the arithmetic guard, then
     # the judge; the judge's figures above are the model alone
     def verifier(a: str, b: str, judged: bool) -> bool:
-        return normalize(a) == normalize(b) or (same_arithmetic(a, b) and judged)
+        return normalize(a) == normalize(b) or (reaches_judge(a, b) and judged)
 
     ver_syn = [verifier(a, b, j) for (a, b, _), j in zip(syn_pairs, v_syn)]
     res["verifier_synthetic"] = binary_metrics(ver_syn, [y for _, _, y in syn_pairs])
@@ -1109,6 +1118,9 @@ def fmt_table(res: dict) -> str:
 
 def write_card(out: Path, res: dict, command: str) -> None:
     tr = res.get("training", {})
+    guarded = (" Of all these pairs the judge trained only on those the `llm` verifier asks it about "
+               "(`--judge-guarded`: not a normalized match and passed by the arithmetic guard; "
+               f"{tr['judge']['examples']:,} training rows)." if tr.get("judge", {}).get("guarded") else "")
     mixed = [role for role in ("target", "draft") if tr.get(role, {}).get("mixed_voices")]
     mixed_note = (f"""
 {" and ".join(mixed).capitalize()} read{"s" if len(mixed) == 1 else ""} contexts that mix the two voices (a share
@@ -1240,7 +1252,7 @@ one-per-problem kinds are not rare; long style: `--judge-given-pairs` more pairs
 whose negatives differ in words only, and `--judge-same-number-pairs` pairs from `generate_same_number_pairs`, two
 steps stating the same numbers, the pairs the arithmetic guard lets through) plus real
 (target step, draft step) pairs that the trained target and draft wrote from gold prefixes of training
-problems, labelled with `steps_equivalent`.
+problems, labelled with `steps_equivalent`.{guarded}
 
 ## Training
 
@@ -1313,7 +1325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--target-data-offset", type=int, default=0,
                     help="skip to this data stream (use a new value when continuing, so no problem is seen twice)")
     ap.add_argument("--draft-steps", type=int, default=100000)
-    ap.add_argument("--draft-minutes", type=float, default=8.0)
+    ap.add_argument("--draft-minutes", type=float, default=14.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--draft-lr-floor", type=float, default=0.025, help="the cosine schedule ends at this fraction of --draft-lr")
     ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=1,
@@ -1324,7 +1336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="train target and draft on contexts whose steps mix both voices, each with loss on its own "
                          "voice's steps only (lm_example): the target reads the draft's accepted steps and keeps its words")
     ap.add_argument("--judge-steps", type=int, default=100000)
-    ap.add_argument("--judge-minutes", type=float, default=18.0)
+    ap.add_argument("--judge-minutes", type=float, default=12.0)
     ap.add_argument("--judge-lr", type=float, default=7.5e-4,
                     help="peak learning rate of the judge (1.5e-3 until 2026-12-05: its runs varied, RESULTS.md)")
     ap.add_argument("--judge-lr-floor", type=float, default=0.025, help="the cosine schedule ends at this fraction of --judge-lr")
@@ -1337,6 +1349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--judge-same-number-pairs", type=int, default=10000,
                     help="long style: more pairs of two steps stating the same numbers (the pairs the arithmetic guard "
                          "passes to the judge; half not equivalent)")
+    ap.add_argument("--judge-guarded", action=argparse.BooleanOptionalAction, default=True,
+                    help="train the judge only on the pairs the llm verifier asks it about: not a normalized match, "
+                         "not rejected by the arithmetic guard (reaches_judge). 95%% of the synthetic negatives are "
+                         "number differences the guard rejects; a judge trained on them learns to distrust computations")
     ap.add_argument("--judge-real-problems", type=int, default=300, help="training problems whose real draft/target steps the judge sees")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
@@ -1469,7 +1485,10 @@ def init_from(small, big) -> None:
 
 def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     """Build judge data (synthetic + real draft/target pairs), train, save. Returns training facts."""
-    n_syn = 400 if args.quick else 60000
+    guarded = args.judge_guarded
+    # behind the guard about 43% of these pairs reach the judge (long style): draw more, so that about as many
+    # distinct pairs remain as without it
+    n_syn = (400 if args.quick else 60000) * (2 if guarded else 1)
     syn_pairs = syn.generate_step_pairs(n_syn, syn.derive_seed(args.seed, "judge-pairs"), style=args.style)
     # restated givens are the kind whose negatives only the words tell apart (another event with the same
     # numbers: the arithmetic guard passes them); the judge sees more of them
@@ -1481,15 +1500,21 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     n_same = args.judge_same_number_pairs if args.style == "long" else 0
     if n_same:
         syn_pairs += syn.generate_same_number_pairs(n_same, syn.derive_seed(args.seed, "judge-same-number-pairs"))
+    def seen(pairs):  # with --judge-guarded: only the pairs the verifier would ask the judge about
+        return [p for p in pairs if reaches_judge(p[0], p[1])] if guarded else list(pairs)
+
+    n_drawn = len(syn_pairs)
+    syn_pairs = seen(syn_pairs)
     ex = judge_examples(tok, syn_pairs, "synthetic")
     # real pairs from training-distribution problems (never the evaluation seed)
     probs = training_problems(args.judge_real_problems, args.seed, "judge-real", args.style,
                               random.Random(syn.derive_seed(args.seed, "judge-real")))
     rows = real_pairs(target.eval(), draft.eval(), tok, probs, desc="judge data") if probs else []
-    real = [(r["target"], r["draft"], r["semantic"]) for r in rows]
+    real = seen([(r["target"], r["draft"], r["semantic"]) for r in rows])
     real_neg = [x for x in real if not x[2]]
     ex_real = judge_examples(tok, real + real_neg * 2, "real")
-    tqdm.write(f"   {len(ex)} synthetic pairs, {len(real)} real pairs ({len(real_neg)} not equivalent, x3)")
+    tqdm.write(f"   {len(ex)} synthetic pairs ({'of ' + str(n_drawn) + ' drawn: those that reach the judge behind the guard' if guarded else 'all'}), "
+               f"{len(real)} real pairs ({len(real_neg)} not equivalent, x3)")
     ex = ex + ex_real
     judge = make_model(JUDGE_SPEC, tok, syn.derive_seed(args.seed, "init-judge"))
     continued = args.judge_init not in ("target", "scratch")
@@ -1502,7 +1527,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     pad_id = tok.convert_tokens_to_ids(PAD)
     b = TrainBudget(args.judge_steps, args.judge_minutes, args.judge_lr, args.batch_size * 2, warmup_steps=100,
                     lr_floor=args.judge_lr_floor)
-    dev_pairs = syn.generate_step_pairs(300, syn.derive_seed(args.seed, "judge-dev"), style=args.style)
+    dev_pairs = seen(syn.generate_step_pairs(700 if guarded else 300, syn.derive_seed(args.seed, "judge-dev"), style=args.style))
 
     def dev() -> str:
         m = binary_metrics(judge_verdicts(judge, tok, [(a, c) for a, c, _ in dev_pairs]), [y for *_, y in dev_pairs])
@@ -1512,6 +1537,7 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
                                           args.judge_neg_weight),
                      b, device, "judge", dev, dev_every_s=120.0, loss_fn=judge_loss_fn(device))
     facts["examples"] = len(ex)
+    facts["guarded"] = guarded
     facts["extra_given_pairs"] = n_given
     facts["same_number_pairs"] = n_same
     facts["real_pairs"] = len(real)

@@ -224,6 +224,37 @@ def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
         assert all(x >= y - 1e-15 for x, y in zip(after, after[1:]))
 
 
+def test_judge_trains_on_the_pairs_the_verifier_asks_it_about():
+    """`train_demo_models.reaches_judge` (the filter of `--judge-guarded`) picks exactly the pairs that the semantic
+    verifiers' routing (`core.verifiers._Semantic.verify`: normalized match, then the arithmetic guard) hands to
+    their judge, on held-out synthetic step pairs of every kind, and both labels remain among them."""
+    import asyncio
+
+    from lookahead_reasoning.core.steps import Step
+    from lookahead_reasoning.core.verifiers import StepVerdict, _Semantic
+
+    tdm = build_script("train_demo_models")
+
+    class Recording(_Semantic):
+        arithmetic_guard = True
+
+        def __init__(self):
+            self.asked = []
+
+        async def _judge(self, pairs):
+            self.asked += [(t.text, d.text) for t, d in pairs]
+            return [StepVerdict(False, 0.0, "recorded") for _ in pairs]
+
+    pairs = syn.generate_step_pairs(600, seed=11, style="long")
+    step = lambda text: Step(text, [], [], "stop", "draft")  # noqa: E731
+    rec = Recording()
+    asyncio.run(rec.verify([(step(a), step(b)) for a, b, _ in pairs]))
+    kept = [(a, b) for a, b, _ in pairs if tdm.reaches_judge(a, b)]
+    assert kept == rec.asked
+    assert 0 < len(kept) < len(pairs)
+    assert {y for a, b, y in pairs if tdm.reaches_judge(a, b)} == {True, False}
+
+
 def test_compiled_layers_train_like_eager_and_leave_an_eager_model(loaded):
     """`train_demo_models.compiled_layers` (torch.compile per decoder layer, used to train target and draft): the
     loss and gradients match eager ones for batches of two lengths (one dynamic graph), and afterwards the layers
