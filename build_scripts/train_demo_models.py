@@ -1046,6 +1046,10 @@ def _cpu_name() -> str:
 def fmt_table(res: dict) -> str:
     a, s, sp = res["accuracy"], res["step_agreement"], res["speed"]
     js, jr, jn = res["judge_synthetic"], res["judge_real"], res["judge_real_non_identical"]
+    # a judge trained behind the guard (--judge-guarded) never saw the pairs the guard rejects: the lines hold for
+    # the verifier, which is how the `llm` judge runs
+    guarded = bool(res.get("training", {}).get("judge", {}).get("guarded"))
+    alone = " alone (trained behind the arithmetic guard, not meant to run without it)" if guarded else ""
     p = res["parameters"]
     task = res.get("task", {"style": "short"})
     long = task["style"] == "long"
@@ -1078,11 +1082,11 @@ def fmt_table(res: dict) -> str:
         *(f"| Step kind `{k}` ({v['n']} steps): draft vs target exact / semantic; target = gold; draft = gold | "
           f"{v['exact'] * 100:.1f}% / {v['semantic'] * 100:.1f}%; {v['target_vs_gold_semantic'] * 100:.1f}%; "
           f"{v['draft_vs_gold_semantic'] * 100:.1f}% | |" for k, v in res.get("step_agreement_by_kind", {}).items()),
-        f"| Judge, held-out synthetic pairs (n={js['n']}): precision / recall / accuracy on aligned | "
-        f"{js['precision']:.4f} / {js['recall']:.3f} / {js['accuracy']:.3f} | precision >= 0.99, "
-        f"recall >= {'0.90' if long else '0.80'} |",
-        *(f"| Judge, held-out `{k}` pairs (n={m['n']}): precision / recall | {m['precision']:.4f} / {m['recall']:.3f} | "
-          f"{'precision >= 0.99, recall >= 0.90' if long else ''} |" for k, m in res.get("judge_synthetic_by_kind", {}).items()),
+        f"| Judge{alone}, held-out synthetic pairs (n={js['n']}): precision / recall / accuracy on aligned | "
+        f"{js['precision']:.4f} / {js['recall']:.3f} / {js['accuracy']:.3f} | "
+        f"{'' if guarded else 'precision >= 0.99, recall >= ' + ('0.90' if long else '0.80')} |",
+        *(f"| Judge{alone}, held-out `{k}` pairs (n={m['n']}): precision / recall | {m['precision']:.4f} / {m['recall']:.3f} | "
+          f"{'precision >= 0.99, recall >= 0.90' if long and not guarded else ''} |" for k, m in res.get("judge_synthetic_by_kind", {}).items()),
         f"| Judge, held-out real draft/target pairs (n={jr['n']}): precision / recall / accuracy | "
         f"{jr['precision']:.4f} / {jr['recall']:.3f} / {jr['accuracy']:.3f} | |",
         f"| Judge, real pairs that are not identical (n={jn['n']}, what the judge sees after the exact-match "

@@ -162,22 +162,32 @@ def verdict(model, tok, a: str, b: str) -> bool:
 
 
 def test_judge(loaded):
-    model, tok = loaded["judge"]
+    """The judge as the `llm` verifier runs it (`core.verifiers`, default options): a normalized match is accepted,
+    the arithmetic guard rejects pairs whose numbers or equations differ, the judge decides the rest; so every
+    pair below that differs in its numbers tests the guard, the others the judge (trained behind the guard since
+    `--judge-guarded`)."""
+    from lookahead_reasoning.core.verifiers import normalize, same_arithmetic
+
+    judge_model, tok = loaded["judge"]
+
+    def accepted(a: str, b: str) -> bool:
+        return normalize(a) == normalize(b) or (same_arithmetic(a, b) and verdict(judge_model, tok, a, b))
+
     if style_of(tok) == "long":  # the trace's step kinds
-        assert verdict(model, tok, "Check: 39 + 9 = 48, which matches.", "To verify: 9 + 39 = 48.")
-        assert not verdict(model, tok, "Check: 39 + 9 = 48, which matches.", "Check: 39 + 9 = 47, which matches.")
-        assert verdict(model, tok, "So far: 39 pencils.", "Running total: 39 pencils.")
-        assert not verdict(model, tok, "So far: 39 pencils.", "So far: 36 pencils.")
-        assert verdict(model, tok, "Given: She loses 9 pencils.", "The problem says: She loses 9 pencils.")
-        assert not verdict(model, tok, "The problem says: Mia loses 9 pencils.", "The problem says: Mia loses 7 pencils.")
+        assert accepted("Check: 39 + 9 = 48, which matches.", "To verify: 9 + 39 = 48.")
+        assert not accepted("Check: 39 + 9 = 48, which matches.", "Check: 39 + 9 = 47, which matches.")
+        assert accepted("So far: 39 pencils.", "Running total: 39 pencils.")
+        assert not accepted("So far: 39 pencils.", "So far: 36 pencils.")
+        assert accepted("Given: She loses 9 pencils.", "The problem says: She loses 9 pencils.")
+        assert not accepted("The problem says: Mia loses 9 pencils.", "The problem says: Mia loses 7 pencils.")
         # the v2 judge's first stage judged this aligned (same number, another event); its second stage does not
-        assert not verdict(model, tok, "The problem says: She loses 9 pencils.", "The problem says: She finds 9 more pencils.")
-        # Known weakness (RESULTS.md, issue 19): other operands with the same result ("20 x 4" / "2 x 40") can still
-        # be judged aligned; it is not asserted here.
-    assert verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "That is 12 x 4 = 48 pencils in all.")
-    assert verdict(model, tok, "That leaves 48 - 9 = 39.", "Now she has 48 - 9 = 39 pencils.")
-    assert not verdict(model, tok, "Mia has 4 x 12 = 48 pencils.", "Mia has 4 x 12 = 46 pencils.")
-    assert not verdict(model, tok, "That leaves 48 - 9 = 39.", "That makes 39 + 9 = 48.")
+        assert not accepted("The problem says: She loses 9 pencils.", "The problem says: She finds 9 more pencils.")
+        # other operands with the same result: the v2 judge alone could judge these aligned (RESULTS.md, issue 19)
+        assert not accepted("Now 20 x 4 = 80 pencils.", "Now 2 x 40 = 80 pencils.")
+    assert accepted("Mia has 4 x 12 = 48 pencils.", "That is 12 x 4 = 48 pencils in all.")
+    assert accepted("That leaves 48 - 9 = 39.", "Now she has 48 - 9 = 39 pencils.")
+    assert not accepted("Mia has 4 x 12 = 48 pencils.", "Mia has 4 x 12 = 46 pencils.")
+    assert not accepted("That leaves 48 - 9 = 39.", "That makes 39 + 9 = 48.")
 
 
 def test_mixed_voice_training_examples_carry_loss_on_their_own_voice_only(loaded):
