@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -272,6 +273,27 @@ def test_the_draft_voice_says_the_same_in_other_words(style):
         syn.generate_problems(1, 0, voice=len(syn.VOICES))
     with pytest.raises(ValueError, match="voice"):
         a[0].in_voice(2)
+
+
+def test_the_draft_voice_is_one_lookup_per_part_of_the_context():
+    """Voice 1's shift of the frame is the sum of one offset per name, per item and per kind, as voice 0's frame
+    is: what changing the name does to it does not depend on the item or the kind (a model learns it part by
+    part). A hash of the whole (name, item, kind) key, the voice before 2026-12-05, fails this."""
+    ctx = syn.generate_problems(1, seed=3, style="long")[0].context
+    names = [n for n, _ in syn._NAMES]
+    items = syn._ITEM_KEYS
+    kinds = [k for k in syn.STEP_KINDS + syn.TRACE_KINDS if k != "close"]
+
+    def shift(name, item, kind):
+        c0 = replace(ctx, name=name, item=item, voice=0)
+        f0, o0 = syn.step_style(c0, 0, kind)
+        f1, o1 = syn.step_style(replace(c0, voice=1), 0, kind)
+        return (f1 - f0) % 3, (o1 - o0) % 2
+
+    for n1, n2 in zip(names, names[1:]):
+        deltas = {tuple((a - b) % m for a, b, m in zip(shift(n2, it, k), shift(n1, it, k), (3, 2)))
+                  for it in items for k in kinds}
+        assert len(deltas) == 1, (n1, n2, deltas)
 
 
 def test_computation_pairs_hold_same_result_negatives():

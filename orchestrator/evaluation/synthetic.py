@@ -309,11 +309,14 @@ def step_style(context: ProblemContext, position: int, kind: str | None = None) 
     step's index modulo a table would ask the model to count steps, where a fixed wording per kind of step is a
     plain lookup. Order 1 swaps the operands of ``+`` / ``x``.
 
-    ``context.voice`` 1 (the draft's voice) shifts frame and order by offsets hashed from the voice, the name,
-    the item and the kind (or position): another fixed function of the same context, which keeps voice 0's
-    frame for about a third of the (name, item, kind) keys and its operand order for half (a third of the steps
-    read the same in both voices). A draft trained on voice 1 says what the target says in its own words,
-    as a small model of another family does; only a semantic judge accepts those steps.
+    ``context.voice`` 1 (the draft's voice) shifts frame and order by offsets hashed from the voice and each of
+    the name, the item and the kind (or position) alone, summed mod 3 (mod 2): another fixed function of the
+    same context, of voice 0's own form (one lookup per name, per item and per kind, added), which keeps voice
+    0's wording for about a third of the held-out steps (33.1% at the default difficulty, long style). A draft
+    trained on voice 1 says what the target says in its own words, as a small model of another family does;
+    only a semantic judge accepts those steps. Until 2026-12-05 the offset was one hash of the whole (name,
+    item, kind) key, a table of about 7,000 entries that the demo drafts could not learn: they wrote their
+    own voice for 42% of the steps (trio v3.1) and copied the wording of their context instead.
     """
     if kind is not None:
         frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _KIND_F[kind]) % 3
@@ -323,10 +326,17 @@ def step_style(context: ProblemContext, position: int, kind: str | None = None) 
         frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _POS_F[p]) % 3
         order = (_NAME_O[context.name] + _POS_O[p]) % 2
     if context.voice:
-        key = f"{context.voice}|{context.name}|{context.item}|{kind if kind is not None else position % len(_POS_F)}"
-        h = hashlib.blake2b(key.encode(), digest_size=2).digest()
-        frame, order = (frame + h[0] % 3) % 3, (order + h[1] % 2) % 2
+        place = kind if kind is not None else position % len(_POS_F)
+        hn, hi, hk = (_voice_offset(context.voice, part) for part in (context.name, context.item, place))
+        frame, order = (frame + hn[0] + hi[0] + hk[0]) % 3, (order + hn[1] + hk[1]) % 2
     return frame, order
+
+
+def _voice_offset(voice: int, part: object) -> tuple[int, int]:
+    """(frame offset in 0..2, order offset in 0..1) that ``voice`` adds for one part of a step's context (a name,
+    an item, a kind or a position), hashed from the voice and that part alone."""
+    h = hashlib.blake2b(f"{voice}|{part}".encode(), digest_size=2).digest()
+    return h[0] % 3, h[1] % 2
 
 
 # Step kinds and their three frames ({x} {op} {y} = {r} is the computation; {u} the unit word).
