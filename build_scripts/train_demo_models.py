@@ -20,14 +20,14 @@ Budgets: every model trains until its step budget OR its time budget is used up,
 the learning-rate schedule follows ``progress = max(step / steps, elapsed / time budget)``, so a run
 bounded by steps (a fast machine) is deterministic per seed, and one bounded by time (a slow one) still
 finishes its schedule in time. The default time budgets (target 64, draft 14, judge 10 minutes, plus data and
-saving) keep a whole run within 100 minutes on a 2-core machine; on such a machine the time budgets bind. A
+saving) aim to keep a whole run within 100 minutes on a 2-core machine; on such a machine the time budgets bind. A
 56 / 8 / 26 split was tried (2026-12-04, machine F): its target solved 92.0% of the held-out problems against
 98.4% with 64 minutes, and the longer judge was no more precise. Until 2026-12-05 the split was 64 / 8 / 18; the
 judge then learned in minutes once it trained only on the pairs the verifier asks it about (``--judge-guarded``),
 and the draft got the minutes: it solved 92.8% against 60.0%, though it copied the target's wording more (RESULTS.md,
 issue 19). With 12 judge minutes one run took 100.4 minutes with its evaluation (93.8 of training; the evaluation
 6.6, against 5.2 the run before), so the judge, at its dev line (precision 1.000, recall 0.993) after 2 of its
-minutes, gave 2 more.
+minutes, gave 2 more (64 / 14 / 10 not yet timed in a whole run).
 Batches are 16 sequences (the judge's 32): in a 12-minute pilot, batch 16 reached a training loss of 0.89
 where batch 32 was at 2.09 at the same wall time (RESULTS.md, issue 19).
 """

@@ -309,15 +309,14 @@ def step_style(context: ProblemContext, position: int, kind: str | None = None) 
     step's index modulo a table would ask the model to count steps, where a fixed wording per kind of step is a
     plain lookup. Order 1 swaps the operands of ``+`` / ``x``.
 
-    ``context.voice`` 1 (the draft's voice) shifts frame and order by offsets hashed from the voice and each of
-    the name, the item and the kind (or position) alone, summed mod 3 (the order: the name's and the kind's,
-    mod 2): another fixed function of the same context, of voice 0's own form (a lookup per part, added),
-    which keeps voice 0's wording for about a third of the held-out steps (33.1% at the default difficulty, long
-    style). A draft
-    trained on voice 1 says what the target says in its own words, as a small model of another family does;
-    only a semantic judge accepts those steps. Until 2026-12-05 the offset was one hash of the whole (name,
-    item, kind) key, a table of 6,496 entries (16 x 29 x 14) that the demo drafts could not learn: they wrote their
-    own voice for 42% of the steps (trio v3.1) and copied the wording of their context instead.
+    ``context.voice`` 1 (the draft's voice) shifts frame and order by offsets hashed from the voice and each of the
+    name, the item and the kind (or position) alone, summed mod 3 (the order: the name's and the kind's, mod 2):
+    another fixed function of the same context, of voice 0's own form (a lookup per part, added), which keeps voice
+    0's wording for about a third of the held-out steps (33.1% at the default difficulty, long style). A draft
+    trained on voice 1 says what the target says in its own words, as a small model of another family does; only a
+    semantic judge accepts those steps. Until 2026-12-05 the offset was one hash of the whole (name, item, kind)
+    key, a table of 6,496 entries (16 x 29 x 14) that the demo drafts could not learn: they wrote their own voice
+    for 42% of the steps (trio v3.1) and copied the wording of their context instead.
     """
     if kind is not None:
         frame = (_NAME_F[context.name] + _ITEM_F[context.item] + _KIND_F[kind]) % 3
