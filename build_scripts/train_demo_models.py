@@ -57,7 +57,7 @@ if str(REPO) not in sys.path:  # allow running from a checkout without installin
 try:
     from lookahead_reasoning.evaluation import synthetic as syn
     from lookahead_reasoning.core.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
-    from lookahead_reasoning.core.verifiers import normalize, same_arithmetic
+    from lookahead_reasoning.core.verifiers import pre_verdict
 except ImportError:  # a checkout without `pip install -e .`: import the package folder under its name
     import importlib.util
 
@@ -68,7 +68,7 @@ except ImportError:  # a checkout without `pip install -e .`: import the package
     _spec.loader.exec_module(_mod)
     from lookahead_reasoning.evaluation import synthetic as syn
     from lookahead_reasoning.core.judge_prompt import ALIGNED, ASSISTANT_PREFILL, UNALIGNED, build_judge_ids, verdict_token_ids
-    from lookahead_reasoning.core.verifiers import normalize, same_arithmetic
+    from lookahead_reasoning.core.verifiers import pre_verdict
 
 GSM8K_TEST = REPO / "data" / "gsm8k" / "test.jsonl"
 GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -718,9 +718,9 @@ def judge_examples(tok, pairs: Sequence[tuple[str, str, bool]], source: str) -> 
 
 def reaches_judge(a: str, b: str) -> bool:
     """Whether the ``llm`` verifier, with its default arithmetic guard, asks its judge about the pair ``(a, b)``
-    (``core.verifiers._Semantic.verify``): not a normalized match (accepted without a judge call) and not rejected by
-    :func:`same_arithmetic` (rejected without one)."""
-    return normalize(a) != normalize(b) and same_arithmetic(a, b)
+    (``core.verifiers.pre_verdict``): not a normalized match (accepted without a judge call) and not rejected by
+    the guard (rejected without one)."""
+    return pre_verdict(a, b) is None
 
 
 def judge_prefix_len(tok) -> int:
@@ -978,7 +978,8 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     # the verifier as the demo profile runs it (core.verifiers): normalized match, then the arithmetic guard, then
     # the judge; the judge's figures above are the model alone
     def verifier(a: str, b: str, judged: bool) -> bool:
-        return normalize(a) == normalize(b) or (reaches_judge(a, b) and judged)
+        pre = pre_verdict(a, b)
+        return pre.accept if pre is not None else judged
 
     ver_syn = [verifier(a, b, j) for (a, b, _), j in zip(syn_pairs, v_syn)]
     res["verifier_synthetic"] = binary_metrics(ver_syn, [y for _, _, y in syn_pairs])

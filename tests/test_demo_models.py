@@ -166,12 +166,13 @@ def test_judge(loaded):
     the arithmetic guard rejects pairs whose numbers or equations differ, the judge decides the rest; so every
     pair below that differs in its numbers tests the guard, the others the judge (trained behind the guard since
     `--judge-guarded`)."""
-    from lookahead_reasoning.core.verifiers import normalize, same_arithmetic
+    from lookahead_reasoning.core.verifiers import pre_verdict
 
     judge_model, tok = loaded["judge"]
 
     def accepted(a: str, b: str) -> bool:
-        return normalize(a) == normalize(b) or (same_arithmetic(a, b) and verdict(judge_model, tok, a, b))
+        v = pre_verdict(a, b)
+        return v.accept if v is not None else verdict(judge_model, tok, a, b)
 
     if style_of(tok) == "long":  # the trace's step kinds
         assert accepted("Check: 39 + 9 = 48, which matches.", "To verify: 9 + 39 = 48.")

@@ -134,6 +134,17 @@ class NormalizedVerifier:
         return out
 
 
+def pre_verdict(target: str, draft: str, arithmetic_guard: bool = True) -> StepVerdict | None:
+    """The verdict a semantic verifier gives a (target, draft) step pair without its judge: accepted when the
+    texts match after :func:`normalize` (reason ``normalized``), rejected when ``arithmetic_guard`` is on and
+    :func:`same_arithmetic` fails (reason ``arithmetic``), ``None`` when the judge must decide."""
+    if normalize(target) == normalize(draft):
+        return StepVerdict(True, 1.0, "normalized")
+    if arithmetic_guard and not same_arithmetic(target, draft):
+        return StepVerdict(False, 0.0, "arithmetic")
+    return None
+
+
 class _Semantic:
     """Normalized matches short-circuit; with ``arithmetic_guard`` pairs failing :func:`same_arithmetic` are
     rejected (reason ``arithmetic``) without a judge call; the rest go to :meth:`_judge`."""
@@ -145,12 +156,8 @@ class _Semantic:
         out: list[StepVerdict | None] = []
         todo = []
         for i, (t, d) in enumerate(pairs):
-            if normalize(t.text) == normalize(d.text):
-                out.append(StepVerdict(True, 1.0, "normalized"))
-            elif self.arithmetic_guard and not same_arithmetic(t.text, d.text):
-                out.append(StepVerdict(False, 0.0, "arithmetic"))
-            else:
-                out.append(None)
+            out.append(pre_verdict(t.text, d.text, self.arithmetic_guard))
+            if out[-1] is None:
                 todo.append(i)
         if todo:
             judged = await self._judge([pairs[i] for i in todo])
