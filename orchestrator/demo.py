@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: What the demo shows, from the measurements in benchmarks/RESULTS.md (rewritten when they change).
-CLOSING = ("Measured on 2 CPU cores (benchmarks/RESULTS.md, issue 19, 2026-12-05): on 200 held-out problems lr+sd runs "
-           "1.98x ar with draft-model SD inside the steps (this demo's default; that SD alone 1.67x), at 99.0% accuracy "
-           "against ar's 99.5%, and 1.89x at temperature 0.6; through Triton it paid 1.85x at 1 request in flight and 1.23x "
-           "at 4, and stopped paying at 16. The ratio above is this run's.")
+CLOSING = ("Measured on 2 CPU cores (benchmarks/RESULTS.md, issue 19, trio v4, 2026-12-06): on 200 held-out problems "
+           "lr+sd runs 2.51x ar with draft-model SD inside the steps (this demo's default; the best SD alone, Medusa, 1.64x), "
+           "2.85x with adaptive gamma, at 99.0% accuracy against ar's 98.5%, and 2.22x at temperature 0.6. "
+           "The ratio above is this run's.")
 
 
 if __name__ == "__main__":
