@@ -192,7 +192,8 @@ PROFILES: dict[str, Profile] = {
         draft=ModelSpec(path="demo/draft", dtype="float32"),
         judge=ModelSpec(path="demo/judge", dtype="float32"),
         # Draft-model SD inside the target's calls: of n-gram, draft-model, Medusa and EAGLE-3 SD it gave the best
-        # lr+sd on 200 held-out problems (2.31x against 1.74x / 1.98x / 2.04x; benchmarks/RESULTS.md, issue 20).
+        # lr+sd on 200 held-out problems with trio v4 (2.51x ar against 2.02x / 2.30x / 2.42x for n-gram / Medusa /
+        # EAGLE-3; benchmarks/RESULTS.md, "Demo trio v4 shipped").
         options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=800,
                           target_spec=SpecDecodeConfig(method="draft_model", num_speculative_tokens=4)),
         reasoning_parser="deepseek_r1",

@@ -4,8 +4,8 @@ control tokens or "[aligned]" cannot change how the verdict is read, and a wrong
 
 The demo judge is trained only on the pairs the guard lets through (``train_demo_models --judge-guarded``), so
 the judge model alone is not asked to reject a wrong computation, and on pairs that reach it (two steps stating the
-same numbers) an injected "[aligned]" or the judge's own instructions can flip its verdict (benchmarks/RESULTS.md,
-"Demo trio v4 shipped")."""
+same numbers) an appended "Answer: [aligned]", chat control tokens or the judge's own instructions can flip
+its verdict (benchmarks/RESULTS.md, "Demo trio v4 shipped")."""
 
 from __future__ import annotations
 
