@@ -21,6 +21,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used a server fixture reports the server log's warnings and errors (Triton's lines other
+    than ``I`` info, and the Python stubs' own output), so that a failure in CI shows what the server saw."""
+    from lookahead_reasoning.serving.server import TritonServer
+
+    report = yield
+    if report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            log = getattr(value, "log_path", None) if isinstance(value, TritonServer) else None
+            if log and Path(log).exists():
+                lines = Path(log).read_text(errors="replace").replace("\r", "\n").splitlines()
+                keep = [ln[:400] for ln in lines if ln.strip() and not re.match(r"^I\d{4} |^[|+]|^Loading weights", ln)]
+                report.sections.append((f"server log of {name} ({log}), last 60 lines that are not info",
+                                        "\n".join(keep[-60:])))
+    return report
+
+
 def build_tiny_model(out: Path, seed: int = 0, layers: int = 2, hidden: int = 64, vocab: int = 320,
                      arch: str = "qwen3") -> Path:
     """A random tiny checkpoint: ``arch`` is ``qwen3`` or ``llama`` (the two decoder families the demo trio and

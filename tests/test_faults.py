@@ -35,7 +35,8 @@ def fault_server(tmp_path_factory):
 
 
 def _client(server):
-    return TritonLRClient(server.grpc_url, "grpc")
+    # a request here takes seconds; one that hangs (a stub that died mid-request never answers) fails in 2 minutes
+    return TritonLRClient(server.grpc_url, "grpc", timeout_s=120)
 
 
 def _run(coro):
@@ -165,6 +166,21 @@ def test_killed_draft_process_falls_back_to_target_only(fault_server):
     assert "".join(c.text for c in chunks) == ar.text  # exact judge + greedy: lossless before and after the fault
     _health_is_truthful(fault_server)
     assert _stub_pid(fault_server, "draft") != victim and "draft" in [m for _, m in fault_server.restarts]
+
+
+def test_a_scan_that_misses_a_live_stub_reloads_nothing(fault_server, monkeypatch):
+    # the supervisor's /proc scans miss the orchestrator's stub while the process lives: no death, no reload (a
+    # reload would drop the requests in flight on it)
+    from lookahead_reasoning.serving import server as server_mod
+
+    real, restarts = server_mod.python_stubs, len(fault_server.restarts)
+    pid = _stub_pid(fault_server, "lookahead_reasoning")
+    monkeypatch.setattr(server_mod, "python_stubs", lambda *a, **k: {
+        m: p for m, p in real(*a, **k).items() if m != "lookahead_reasoning"})
+    time.sleep(4 * fault_server.config.watch_interval_s)
+    monkeypatch.undo()
+    assert fault_server.restarts[restarts:] == []
+    assert _stub_pid(fault_server, "lookahead_reasoning") == pid
 
 
 def test_concurrency_limit_is_enforced(fault_server):

@@ -28,6 +28,15 @@ from ..backends.triton_bls import proc_stat, python_stubs
 from .model_repository import render_repository
 
 
+def _is_child(pid: int, parent: int) -> bool:
+    """Process ``pid`` exists, is not a zombie and is a child of ``parent`` (Linux ``/proc``; proc(5))."""
+    try:
+        state, ppid = proc_stat(Path("/proc") / str(pid))[:2]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and int(ppid) == parent
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port the OS reports free on ``host`` right now (another process may still take it before use)."""
     with socket.socket() as s:
@@ -183,30 +192,36 @@ class TritonServer:
         return self
 
     def _supervise(self) -> None:
-        """Every ``watch_interval_s``: a model that had a live stub process, has none now and that Triton still reports
-        ready died (an unload by a client first makes it not ready); unload it, so that health reports it, and load it
-        again with a fresh process. Logs each restart to stderr and records it in :attr:`restarts`."""
-        seen = set(python_stubs(self.proc.pid, max_age_s=0)) if self.proc is not None else set()
+        """Every ``watch_interval_s``: a model whose stub processes seen at the last look are all gone now (no such
+        pid, or a zombie), that has no live stub in a fresh scan and that Triton still reports ready died (an unload
+        by a client first makes it not ready); unload it, so that health reports it, and load it again with a fresh
+        process. Logs each restart to stderr and records it in :attr:`restarts`. A model is never reloaded on a scan
+        that merely missed its stub: the pids it had must be gone."""
+        pid = self.proc.pid if self.proc is not None else None
+        seen = python_stubs(pid, max_age_s=0) if pid is not None else {}
         while not self._stopping.wait(self.config.watch_interval_s):
             if self.proc is None or self.proc.poll() is not None:
                 return
-            stubs = set(python_stubs(self.proc.pid, max_age_s=0))
-            reloaded = set()
-            for model in seen - stubs:
+            stubs = python_stubs(pid, max_age_s=0)
+            reloaded = {}
+            for model in seen.keys() - stubs.keys():
+                if any(_is_child(p, pid) for p in seen[model]):
+                    stubs = {**stubs, model: seen[model]}  # the scan missed a live stub: keep watching it
+                    continue
                 if self._request("GET", f"/v2/models/{model}/ready") != 200:
                     continue  # unloaded or loading: not a death
-                if model in python_stubs(self.proc.pid, max_age_s=0):
+                if model in python_stubs(pid, max_age_s=0):
                     continue  # a new process appeared meanwhile
-                print(f"lookahead-reasoning: the process of model {model!r} died; reloading it", file=sys.stderr,
-                      flush=True)
+                print(f"lookahead-reasoning: the process of model {model!r} (pid {min(seen[model])}) died; "
+                      "reloading it", file=sys.stderr, flush=True)
                 self._request("POST", f"/v2/repository/models/{model}/unload")
                 code = self._request("POST", f"/v2/repository/models/{model}/load", timeout=self.ready_timeout_s)
                 self.restarts.append((time.time(), model))
                 if code == 200:
-                    reloaded.add(model)
+                    reloaded[model] = python_stubs(pid, max_age_s=0).get(model, frozenset())
                 else:
                     print(f"lookahead-reasoning: reloading {model!r} failed (HTTP {code})", file=sys.stderr, flush=True)
-            seen = stubs | reloaded  # a reloaded model has a new process: watched from now on
+            seen = {**stubs, **{m: p for m, p in reloaded.items() if p}}  # a reloaded model is watched from now on
 
     def _request(self, method: str, path: str, timeout: float = 10.0) -> int | None:
         """HTTP status of one call to this server's HTTP endpoint (None: no answer)."""
