@@ -266,6 +266,23 @@ def test_judge_trains_on_the_pairs_the_verifier_asks_it_about():
     assert {y for a, b, y in pairs if tdm.reaches_judge(a, b)} == {True, False}
 
 
+def test_injected_negatives_keep_their_label_and_reach_the_judge():
+    """`train_demo_models.injected_negatives` (`--judge-injected-pairs`): every pair is a not-equivalent pair of the
+    input with one of the `INJECTIONS` texts on step B (the forms `tests/test_injection.py` attacks with), each form
+    is drawn, and they still reach the judge behind the guard (the texts add no number of their own; the echo form
+    restates step A's)."""
+    tdm = build_script("train_demo_models")
+    pairs = [p for p in syn.generate_step_pairs(3000, seed=12, style="long") if tdm.reaches_judge(p[0], p[1])]
+    negatives = {(a, b) for a, b, y in pairs if not y}
+    out = tdm.injected_negatives(pairs, 500, seed=3)
+    assert len(out) == 500 and not any(y for *_, y in out)
+    forms = list(tdm.INJECTIONS.values())
+    assert all(any(f(a, b0) == b for f in forms for a0, b0 in negatives if a0 == a) for a, b, _ in out)
+    assert {next(k for k, f in tdm.INJECTIONS.items() for a0, b0 in negatives if a0 == a and f(a, b0) == b)
+            for a, b, _ in out} == set(tdm.INJECTIONS)
+    assert all(tdm.reaches_judge(a, b) for a, b, _ in out)
+
+
 def test_compiled_layers_train_like_eager_and_leave_an_eager_model(loaded):
     """`train_demo_models.compiled_layers` (torch.compile per decoder layer, used to train target and draft): the
     loss and gradients match eager ones for batches of two lengths (one dynamic graph), and afterwards the layers
