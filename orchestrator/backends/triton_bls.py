@@ -49,6 +49,16 @@ def proc_stat(pid_dir: Path) -> list[str]:
     return (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
 
 
+def is_child(pid: int, parent: int | None = None) -> bool:
+    """Process ``pid`` exists, is not a zombie and is a child of ``parent`` (default: this process's parent, for a
+    caller inside a stub). Linux ``/proc`` (proc(5)); False elsewhere."""
+    try:
+        state, ppid = proc_stat(Path("/proc") / str(pid))[:2]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and int(ppid) == (os.getppid() if parent is None else parent)
+
+
 def python_stubs(server_pid: int | None = None, max_age_s: float = 0.5) -> dict[str, frozenset[int]]:
     """Live (not zombie) Python-backend stub processes that the ``tritonserver`` process ``server_pid`` (default:
     this process's parent, for a caller inside a stub) started, by model name: the ``triton_python_backend_stub``
@@ -181,7 +191,7 @@ class TritonBLSEngine(TokenizerAccess):
             if done:
                 return call.result()
             live = role_stub_pids(self.model_name)
-            dead = watched - live
+            dead = {p for p in watched - live if not is_child(p)}  # gone, not merely missed by the scan
             if dead:
                 raise RuntimeError(f"{self.model_name}: the role model's process (pid {min(dead)}) died during the "
                                    "call; Triton starts a new one for the next request")

@@ -24,17 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.role_tensors import INTERNAL_KEY_ENV
-from ..backends.triton_bls import proc_stat, python_stubs
+from ..backends.triton_bls import is_child, proc_stat, python_stubs
 from .model_repository import render_repository
-
-
-def _is_child(pid: int, parent: int) -> bool:
-    """Process ``pid`` exists, is not a zombie and is a child of ``parent`` (Linux ``/proc``; proc(5))."""
-    try:
-        state, ppid = proc_stat(Path("/proc") / str(pid))[:2]
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and int(ppid) == parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -205,7 +196,7 @@ class TritonServer:
             stubs = python_stubs(pid, max_age_s=0)
             reloaded = {}
             for model in seen.keys() - stubs.keys():
-                if any(_is_child(p, pid) for p in seen[model]):
+                if any(is_child(p, pid) for p in seen[model]):
                     stubs = {**stubs, model: seen[model]}  # the scan missed a live stub: keep watching it
                     continue
                 if self._request("GET", f"/v2/models/{model}/ready") != 200:
