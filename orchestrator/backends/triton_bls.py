@@ -54,9 +54,9 @@ def is_child(pid: int, parent: int | None = None) -> bool:
     caller inside a stub). Linux ``/proc`` (proc(5)); False elsewhere."""
     try:
         state, ppid = proc_stat(Path("/proc") / str(pid))[:2]
-    except (OSError, IndexError):
+        return state != "Z" and int(ppid) == (os.getppid() if parent is None else parent)
+    except (OSError, IndexError, ValueError):
         return False
-    return state != "Z" and int(ppid) == (os.getppid() if parent is None else parent)
 
 
 def python_stubs(server_pid: int | None = None, max_age_s: float = 0.5) -> dict[str, frozenset[int]]:
@@ -71,12 +71,11 @@ def python_stubs(server_pid: int | None = None, max_age_s: float = 0.5) -> dict[
         return cached[1]
     found: dict[str, set[int]] = {}
     for d in Path("/proc").glob("[0-9]*"):
+        if not is_child(int(d.name), parent):
+            continue
         try:
-            state, ppid = proc_stat(d)[:2]
-            if int(ppid) != parent or state == "Z":
-                continue
             args = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
         if "triton_python_backend_stub" not in args[0]:
             continue
