@@ -192,8 +192,8 @@ PROFILES: dict[str, Profile] = {
         draft=ModelSpec(path="demo/draft", dtype="float32"),
         judge=ModelSpec(path="demo/judge", dtype="float32"),
         # Draft-model SD inside the target's calls: of n-gram, draft-model, Medusa and EAGLE-3 SD it gave the best
-        # lr+sd on 200 held-out problems with trio v4 (2.51x ar against 2.02x / 2.30x / 2.42x for n-gram / Medusa /
-        # EAGLE-3; benchmarks/RESULTS.md, "Demo trio v4 shipped").
+        # lr+sd on 200 held-out problems with trio v5 (2.49x ar against 1.94x / 2.29x / 2.34x for n-gram / Medusa /
+        # EAGLE-3; benchmarks/RESULTS.md, "Demo trio v5 shipped"), as it did with trio v4.
         options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=800,
                           target_spec=SpecDecodeConfig(method="draft_model", num_speculative_tokens=4)),
         reasoning_parser="deepseek_r1",
