@@ -189,7 +189,11 @@ PROFILES: dict[str, Profile] = {
         # could pick differently in two processes on a loaded machine, so served and in-process answers differ
         target=ModelSpec(path="demo/target", dtype="float32", medusa="demo/target-medusa",
                          eagle3="demo/target-eagle3"),
-        draft=ModelSpec(path="demo/draft", dtype="float32"),
+        # The draft compiled (torch.compile at start-up: 12-40 s on 2 cores, less once Inductor's cache holds the
+        # kernels): at 2 layers x 96 an eager forward is mostly per-op Python, and compiled the draft's cost per
+        # token through the engine falls from 0.13-0.16 of the target's to 0.08-0.10 (benchmarks/draft_cost.py;
+        # RESULTS.md, "Compiled draft by default"). The target stays eager: the lossless tests pin its decoding.
+        draft=ModelSpec(path="demo/draft", dtype="float32", compile=True),
         judge=ModelSpec(path="demo/judge", dtype="float32"),
         # Draft-model SD inside the target's calls: of n-gram, draft-model, Medusa and EAGLE-3 SD it gave the best
         # lr+sd on 200 held-out problems with trio v5 (2.49x ar against 1.94x / 2.29x / 2.34x for n-gram / Medusa /

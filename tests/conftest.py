@@ -174,7 +174,8 @@ def gsm8k_path() -> Path:
 
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory):
-    """A real Triton server with the demo trio (127.0.0.1, free ports), shared by the session's tests."""
+    """A real Triton server with the demo trio (127.0.0.1, free ports; the draft compiled at start-up, as the demo
+    profile says), shared by the session's tests."""
     from lookahead_reasoning.serving.server import ServerConfig, TritonServer, prepare_repository
 
     repo = prepare_repository("demo", None, str(tmp_path_factory.mktemp("repo")),

@@ -244,25 +244,13 @@ def test_compiled_engine_equals_reference(model_dirs, reference):
         eng.close()
 
 
-def test_compiled_draft_profile_is_the_demo_profile():
-    """``engines/profiles/demo-compiled-draft.yaml`` (the benchmarks' compiled-draft trio) is the ``demo`` profile
-    with only the draft's ``compile`` turned on, so figures measured with it compare with the demo's."""
-    from lookahead_reasoning.profiles import PROFILES, load_profile
-
-    p = load_profile(config=DEMO.parent / "profiles" / "demo-compiled-draft.yaml")
-    demo = PROFILES["demo"]
-    assert p.draft.compile and not demo.draft.compile
-    assert p.draft.model_copy(update={"compile": False}) == demo.draft
-    rest = {"name", "description", "draft"}
-    assert p.model_dump(exclude=rest) == demo.model_dump(exclude=rest)
-
-
-GPU_FIELDS = {"device", "num_threads", "static_cache", "cuda_graphs", "graph_batch_sizes", "graph_widths"}
+GPU_FIELDS = {"device", "num_threads", "static_cache", "cuda_graphs", "graph_batch_sizes", "graph_widths", "compile"}
 
 
 def test_gpu_profile_is_the_demo_profile_in_gpu_mode():
     """``engines/profiles/demo-gpu.yaml`` (gpu_bench.sh's demo trio) is the ``demo`` profile with only the GPU
-    settings changed (device, static cache, CUDA graphs), so its accuracy compares with the CPU's."""
+    settings changed (device, static cache, CUDA graphs, which replace the CPU draft's ``compile``: the two
+    exclude each other), so its accuracy compares with the CPU's."""
     from lookahead_reasoning.core.lookahead import DEFAULT_SD
     from lookahead_reasoning.profiles import PROFILES, load_profile
 

@@ -470,3 +470,21 @@ def test_random_judge_is_reproducible_through_the_server(triton_server):
     runs = [asyncio.run(client.generate(prompt, mode="lr", judge="random", max_tokens=120)) for _ in range(2)]
     m = runs[0].metrics
     assert runs[0].text == runs[1].text and 0 < m["accepted_steps"] < m["verified_steps"], m  # the judge decided
+
+
+def test_stub_locale_is_set_to_utf8_where_it_is_ascii():
+    """Triton's stub runs Python in the C locale (ASCII), where torch.compile fails reading its kernel templates;
+    ``utf8_locale`` switches the process to a UTF-8 one. Checked in a child interpreter started the way the stub's
+    is (C locale, no locale coercion, no UTF-8 mode), where ``open()`` decodes ASCII until it runs; the demo
+    server above serves the demo's compiled draft only because of it."""
+    import subprocess
+    import sys
+
+    code = ("import locale; from lookahead_reasoning.serving.triton_role import utf8_locale; "
+            "before = locale.getpreferredencoding(False); print(before, utf8_locale())")
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0"}
+    out = subprocess.run([sys.executable, "-X", "utf8=0", "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after = out.stdout.split()
+    assert before == "ANSI_X3.4-1968" and after.upper().replace("-", "") == "UTF8"

@@ -21,6 +21,31 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in (cfg.get("parameters") or {}).items()}
 
 
+def utf8_locale() -> str:
+    """Set the stub process's ``LC_CTYPE`` to a UTF-8 locale where it is not one; returns the encoding in effect.
+
+    Triton's Python-backend stub embeds the interpreter with pybind11, which initialises it isolated (``PyConfig``
+    "isolated configuration", Python docs "Python Initialization Configuration"): neither the environment's
+    ``LANG`` nor ``PYTHONUTF8`` applies, and the C locale leaves ``open()`` decoding as ASCII. torch.compile (a
+    profile's ``compile: true``) then fails at start-up reading its UTF-8 kernel templates without an encoding
+    (pytorch/pytorch#189342). The stub hosts one role model, so the process-wide setting touches nothing else.
+
+    Raises:
+        RuntimeError: no UTF-8 locale is installed (``C.UTF-8``, ``C.utf8``, ``en_US.UTF-8`` tried).
+    """
+    import locale
+
+    if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+        return locale.getpreferredencoding(False)
+    for name in ("C.UTF-8", "C.utf8", "en_US.UTF-8"):
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+            return locale.getpreferredencoding(False)
+        except locale.Error:
+            continue
+    raise RuntimeError("the Python backend stub runs in an ASCII locale and no UTF-8 locale (C.UTF-8) is installed")
+
+
 def load_model_profile(params: dict[str, str]):
     from ..profiles import load_profile
 
@@ -48,6 +73,7 @@ class RoleModel:
         # A stub that dies of a native fault (SIGSEGV, SIGABRT, ...) leaves every thread's Python stack in the
         # server log (the stub's stderr) instead of vanishing silently.
         faulthandler.enable()
+        utf8_locale()
 
         from ..backends import make_engine
         from ..profiles import IN_PROCESS_RUNTIMES
