@@ -33,16 +33,18 @@ def utf8_locale() -> str:
     Raises:
         RuntimeError: no UTF-8 locale is installed (``C.UTF-8``, ``C.utf8``, ``en_US.UTF-8`` tried).
     """
+    import codecs
     import locale
 
-    if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
-        return locale.getpreferredencoding(False)
-    for name in ("C.UTF-8", "C.utf8", "en_US.UTF-8"):
+    for name in (None, "C.UTF-8", "C.utf8", "en_US.UTF-8"):  # None: the locale in effect
         try:
-            locale.setlocale(locale.LC_CTYPE, name)
-            return locale.getpreferredencoding(False)
+            if name:
+                locale.setlocale(locale.LC_CTYPE, name)
         except locale.Error:
             continue
+        encoding = locale.getpreferredencoding(False)
+        if codecs.lookup(encoding).name == "utf-8":
+            return encoding
     raise RuntimeError("the Python backend stub runs in an ASCII locale and no UTF-8 locale (C.UTF-8) is installed")
 
 
