@@ -488,3 +488,55 @@ def test_stub_locale_is_set_to_utf8_where_it_is_ascii():
     assert out.returncode == 0, out.stderr
     before, after = out.stdout.split()
     assert before == "ANSI_X3.4-1968" and after.upper().replace("-", "") == "UTF8"
+
+
+def test_bls_responses_outlive_the_call_until_their_time():
+    """``DeferredRelease`` keeps a BLS call's iterator and responses for ``delay_s`` and then drops them in the
+    calling thread, so that the stub's GIL-less clean-up thread never releases them last (its docstring says why);
+    ``_exec_all`` hands both over even though its caller keeps only the responses."""
+    import gc
+    import weakref
+
+    from lookahead_reasoning.backends import triton_bls
+
+    class Obj:
+        pass
+
+    now = [100.0]
+    held = triton_bls.DeferredRelease(delay_s=30.0, clock=lambda: now[0])
+    a, b = Obj(), Obj()
+    refs = [weakref.ref(a), weakref.ref(b)]
+    held.hold(a)
+    now[0] += 10
+    held.hold(b)
+    del a, b
+    gc.collect()
+    assert [r() is not None for r in refs] == [True, True] and len(held) == 2
+    now[0] += 20  # a's time has come, b's not yet
+    assert held.sweep() == 1 and len(held) == 1
+    gc.collect()
+    assert [r() is not None for r in refs] == [False, True]
+    now[0] += 10
+    assert held.sweep() == 1 and refs[1]() is None and len(held) == 0
+    with pytest.raises(ValueError, match="delay_s"):
+        triton_bls.DeferredRelease(delay_s=-1)
+
+    class Request:  # the python_backend call shape: exec(decoupled=True) gives an iterator of responses
+        def exec(self, decoupled):
+            assert decoupled
+            return iter([Obj(), Obj()])
+
+    before = len(triton_bls._HELD)
+    responses = triton_bls._exec_all(Request())
+    assert len(responses) == 2 and len(triton_bls._HELD) == before + 1
+    iterator, kept = triton_bls._HELD._held[-1][1]
+    assert kept is responses and next(iterator, None) is None
+
+
+def test_bls_hold_time_comes_from_the_environment():
+    from lookahead_reasoning.backends.triton_bls import HOLD_ENV, hold_seconds
+
+    assert hold_seconds({}) == 30.0 and hold_seconds({HOLD_ENV: "2.5"}) == 2.5 and hold_seconds({HOLD_ENV: "0"}) == 0
+    for bad in ["-1", "soon", "nan", "inf"]:
+        with pytest.raises(ValueError, match=HOLD_ENV):
+            hold_seconds({HOLD_ENV: bad})

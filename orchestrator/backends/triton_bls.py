@@ -9,19 +9,23 @@ Not ``async_exec``: in the python_backend this project's Triton bundles, its exe
 dangling reference to the stub (a use-after-free fixed upstream in triton-inference-server/python_backend
 PR #439, June 2026), the likely cause of the glibc heap corruption the orchestrator's stub showed here under
 concurrent load with ``async_exec``; and iterating a decoupled response iterator on the event loop thread
-would block the loop. Tensor layout: :mod:`.role_tensors`. Only importable inside a
-Triton Python-backend process.
+would block the loop. Each call's response iterator and responses are kept alive for a while after the call
+(:class:`DeferredRelease` says why). Tensor layout: :mod:`.role_tensors`. :class:`TritonBLSEngine` works only
+inside a Triton Python-backend process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import math
 import os
 import re
+import threading
 import time
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .role_tensors import arrays_to_results, internal_parameters, requests_to_arrays
 from .base import GenerationRequest, GenerationResult, check_stop_fields
@@ -30,9 +34,88 @@ from .tokenizer import TokenizerAccess
 OUTPUTS = ["output_ids", "output_lengths", "text_output", "finish_reason", "counters", "stop_offsets"]
 
 
+class DeferredRelease:
+    """Keeps objects alive for at least ``delay_s`` seconds, then drops them in a Python thread that holds the GIL
+    (the next :meth:`hold` or :meth:`sweep` call). Thread-safe.
+
+    Why the BLS calls need it (python_backend r24.x: ``src/pb_stub.cc`` ``Stub::SendCleanupId``,
+    ``src/pb_response_iterator.cc``, ``src/pb_tensor.cc``): a decoupled call's ``ResponseIterator`` is owned by
+    Python *and* by the stub's ``response_iterator_map_``. Once the last response arrives the iterator queues its id
+    for clean-up, and the stub's stub-to-parent thread later erases the map entry without taking the GIL. If Python
+    has already dropped the iterator and the responses, that erase releases them last: their output tensors free
+    their numpy arrays (and a BYTES tensor's ``bytes`` objects) without the GIL, which corrupts the interpreter's
+    heap; the stub then crashes later at a random place (segfaults in ``deserialize_bytes_tensor`` and in
+    ``get_output_tensor_by_name`` under concurrent, cancelled streams; RESULTS.md, "BLS responses freed without the
+    GIL"). Holding
+    them here for much longer than the clean-up takes (it is one message to the server process) makes Python's own
+    release the last one.
+
+    Args:
+        delay_s: seconds an object is held (>= 0).
+        clock: monotonic clock in seconds (tests pass a fake one).
+    """
+
+    def __init__(self, delay_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if delay_s < 0:
+            raise ValueError(f"delay_s: must be >= 0, got {delay_s}")
+        self.delay_s = delay_s
+        self._clock = clock
+        self._held: collections.deque[tuple[float, Any]] = collections.deque()
+        self._lock = threading.Lock()
+
+    def hold(self, obj: Any) -> None:
+        """Keep ``obj`` until ``delay_s`` seconds from now, and drop what is due."""
+        now = self._clock()
+        with self._lock:
+            self._held.append((now + self.delay_s, obj))
+        self.sweep(now)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Drop the objects held past their time (outside the lock, in this thread); how many were dropped."""
+        now = self._clock() if now is None else now
+        due = []
+        with self._lock:
+            while self._held and self._held[0][0] <= now:
+                due.append(self._held.popleft()[1])
+        n = len(due)
+        del due
+        return n
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+HOLD_ENV = "LOOKAHEAD_BLS_HOLD_S"
+
+
+def hold_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    """How long BLS responses are held (:class:`DeferredRelease`): ``$LOOKAHEAD_BLS_HOLD_S`` seconds, default 30
+    (0 reproduces python_backend's crash; see RESULTS.md).
+
+    Raises:
+        ValueError: the variable is not a finite number >= 0 (the message names it).
+    """
+    raw = environ.get(HOLD_ENV, "30")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{HOLD_ENV}: must be a finite number of seconds >= 0, got {raw!r}")
+    return value
+
+
+_HELD = DeferredRelease(hold_seconds())
+
+
 def _exec_all(req) -> list:
-    """Run one decoupled BLS request to completion in the calling (worker) thread: every response, in order."""
-    return list(req.exec(decoupled=True))
+    """Run one decoupled BLS request to completion in the calling (worker) thread: every response, in order. The
+    iterator and the responses are also handed to :data:`_HELD` (see :class:`DeferredRelease`), also when the
+    caller was cancelled meanwhile."""
+    iterator = req.exec(decoupled=True)
+    responses = list(iterator)
+    _HELD.hold((iterator, responses))
+    return responses
 
 
 _STUB_SCAN: dict[int, tuple[float, dict[str, frozenset[int]]]] = {}
