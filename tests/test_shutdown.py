@@ -1,7 +1,9 @@
 """Shutdown of a real Triton server: every model unloads and no Python-backend stub dies on the way out.
 
 Before ``finalize`` freed the custom metric families, one to four stubs (the orchestrator's and the role models') died
-with SIGSEGV at every shutdown, inside ``MetricFamily::~MetricFamily`` (``ServerMetrics.close`` says why).
+with SIGSEGV at every shutdown, inside ``MetricFamily::~MetricFamily`` (``ServerMetrics.close`` says why). The BLS
+responses the orchestrator holds (``triton_bls.DeferredRelease``) did the same in 3 of 3 runs until ``finalize``
+dropped them too.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 
 import pytest
@@ -493,7 +494,8 @@ def test_stub_locale_is_set_to_utf8_where_it_is_ascii():
 def test_bls_responses_outlive_the_call_until_their_time():
     """``DeferredRelease`` keeps a BLS call's iterator and responses for ``delay_s`` and then drops them in the
     calling thread, so that the stub's GIL-less clean-up thread never releases them last (its docstring says why);
-    ``_exec_all`` hands both over even though its caller keeps only the responses."""
+    ``release_all`` drops the rest at ``finalize`` (``tests/test_shutdown.py`` fails without it); ``_exec_all``
+    hands both over even though its caller keeps only the responses."""
     import gc
     import weakref
 
@@ -525,6 +527,14 @@ def test_bls_responses_outlive_the_call_until_their_time():
         def exec(self, decoupled):
             assert decoupled
             return iter([Obj(), Obj()])
+
+    c = triton_bls.DeferredRelease(delay_s=30.0, clock=lambda: now[0])
+    c.hold(Obj())
+    c.hold(Obj())
+    now[0] += 0.4  # the newest is 0.4 s old: release_all waits the rest of settle_s (0.1 s), then drops all
+    t0 = time.monotonic()
+    assert c.release_all(settle_s=0.5) == 2 and len(c) == 0 and time.monotonic() - t0 < 0.4
+    assert c.release_all() == 0
 
     before = len(triton_bls._HELD)
     responses = triton_bls._exec_all(Request())

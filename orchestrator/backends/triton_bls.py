@@ -36,7 +36,7 @@ OUTPUTS = ["output_ids", "output_lengths", "text_output", "finish_reason", "coun
 
 class DeferredRelease:
     """Keeps objects alive for at least ``delay_s`` seconds, then drops them in a Python thread that holds the GIL
-    (the next :meth:`hold` or :meth:`sweep` call). Thread-safe.
+    (the next :meth:`hold` or :meth:`sweep` call; :meth:`release_all` at the model's ``finalize``). Thread-safe.
 
     Why the BLS calls need it (python_backend r24.x: ``src/pb_stub.cc`` ``Stub::SendCleanupId``,
     ``src/pb_response_iterator.cc``, ``src/pb_tensor.cc``): a decoupled call's ``ResponseIterator`` is owned by
@@ -81,6 +81,17 @@ class DeferredRelease:
         del due
         return n
 
+    def release_all(self, settle_s: float = 0.5) -> int:
+        """Drop everything held, once the newest object has been held ``settle_s`` seconds (sleeps at most that
+        long, so that the stub's clean-up of the last calls is done); how many were dropped. For a model's
+        ``finalize``: what is still held when the stub itself shuts down is freed after the stub's shared memory
+        is gone, which crashes it (``tests/test_shutdown.py``)."""
+        with self._lock:
+            newest = self._held[-1][0] - self.delay_s if self._held else None
+        if newest is not None:
+            time.sleep(max(0.0, min(settle_s, newest + settle_s - self._clock())))
+        return self.sweep(now=math.inf)
+
     def __len__(self) -> int:
         return len(self._held)
 
@@ -106,6 +117,12 @@ def hold_seconds(environ: Mapping[str, str] = os.environ) -> float:
 
 
 _HELD = DeferredRelease(hold_seconds())
+
+
+def release_held() -> int:
+    """Drop every BLS response still held (:meth:`DeferredRelease.release_all`); the orchestrator's ``finalize``
+    calls it. Returns how many calls' responses were dropped."""
+    return _HELD.release_all()
 
 
 def _exec_all(req) -> list:

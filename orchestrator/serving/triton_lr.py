@@ -226,3 +226,6 @@ class LookaheadReasoningModel:
     def finalize(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()  # while the stub's shared memory is still there (ServerMetrics.close says why)
+        from ..backends.triton_bls import release_held
+
+        release_held()  # the same for the BLS responses still held (triton_bls.DeferredRelease)
