@@ -46,9 +46,8 @@ class DeferredRelease:
     their numpy arrays (and a BYTES tensor's ``bytes`` objects) without the GIL, which corrupts the interpreter's
     heap; the stub then crashes later at a random place (segfaults in ``deserialize_bytes_tensor`` and in
     ``get_output_tensor_by_name`` under concurrent, cancelled streams; RESULTS.md, "BLS responses freed without the
-    GIL"). Holding
-    them here for much longer than the clean-up takes (it is one message to the server process) makes Python's own
-    release the last one.
+    GIL"). Holding them here for much longer than the clean-up takes (it is one message to the server process)
+    makes Python's own release the last one.
 
     Args:
         delay_s: seconds an object is held (>= 0).
