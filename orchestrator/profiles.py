@@ -40,6 +40,13 @@ class ModelSpec(BaseModel):
     runtime: Literal["portable", "llamacpp", "trtllm", "openai", "triton"] = "portable"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="portable runtime: auto picks bfloat16 where it is faster (see backends.model_runner.choose_dtype)")
+    tokenizer: str | None = Field(
+        None, description="Hugging Face folder holding this model's tokenizer (relative to the engines directory); "
+                          "runtimes llamacpp and openai read token ids from it. Default: `path` itself, a GGUF "
+                          "dequantised by transformers (model_refs.resolve), which fails for a GGUF transformers "
+                          "cannot read")
+    n_gpu_layers: int = Field(0, ge=-1, description="llamacpp runtime: layers offloaded to a GPU build of llama.cpp "
+                                                    "(-1: all; llama_model_params.n_gpu_layers); 0 on a CPU build")
     device: str = "cpu"
     num_threads: int | None = Field(1, ge=1, description="threads of this engine (torch's, or llama.cpp's)")
     compile: bool = Field(False, description="portable runtime: torch.compile the model at start-up "
@@ -76,6 +83,8 @@ class ModelSpec(BaseModel):
                     raise ValueError(f"{name}: a setting of the portable runtime (runtime is {self.runtime!r})")
         else:  # PortableEngineConfig's rules, checked when the profile loads rather than at start-up
             check_gpu_mode(self.static_cache, self.cuda_graphs, self.device, self.compile)
+        if self.runtime != "llamacpp" and self.n_gpu_layers:
+            raise ValueError(f"n_gpu_layers: a setting of the llamacpp runtime (runtime is {self.runtime!r})")
         if self.runtime == "llamacpp" and not self.path.endswith(".gguf"):
             raise ValueError(f"path: runtime 'llamacpp' needs a GGUF file, got {self.path!r}")
         return self
@@ -92,6 +101,20 @@ class ModelSpec(BaseModel):
         from .model_refs import resolve
 
         return resolve(self.path, base=ENGINES_DIR)
+
+    def tokenizer_path(self) -> Path:
+        """The folder the tokenizer comes from: ``tokenizer`` (relative paths against the engines directory) when
+        set, else :meth:`resolved_path`.
+
+        Raises:
+            ValueError: the folder does not exist, or ``path`` cannot be resolved (naming the field).
+        """
+        if self.tokenizer is None:
+            return self.resolved_path()
+        path = _under_engines(self.tokenizer)
+        if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
+            raise ValueError(f"tokenizer: {self.tokenizer!r} is not a folder with a Hugging Face tokenizer ({path})")
+        return path
 
     def resolved_medusa(self) -> Path | None:
         """The Medusa heads folder (relative paths against the engines directory), or None."""
@@ -181,6 +204,13 @@ class Profile(BaseModel):
         return tuple(dict.fromkeys(loaded + [self.options.judge.name]))
 
 
+#: The demo trio's request defaults, the same on every runtime (profiles demo and demo-llamacpp). Draft-model SD inside
+#: the target's calls: of n-gram, draft-model, Medusa and EAGLE-3 SD it gave the best lr+sd on 200 held-out problems
+#: with trio v5 (2.49x ar against 1.94x / 2.29x / 2.34x for n-gram / Medusa / EAGLE-3; benchmarks/RESULTS.md, "Demo
+#: trio v5 shipped"), as it did with trio v4.
+DEMO_OPTIONS = LROptions(judge=VerifierConfig(name="llm"), max_tokens=800,
+                         target_spec=SpecDecodeConfig(method="draft_model", num_speculative_tokens=4))
+
 PROFILES: dict[str, Profile] = {
     "demo": Profile(
         name="demo",
@@ -195,11 +225,24 @@ PROFILES: dict[str, Profile] = {
         # RESULTS.md, "Compiled draft by default"). The target stays eager: the lossless tests pin its decoding.
         draft=ModelSpec(path="demo/draft", dtype="float32", compile=True),
         judge=ModelSpec(path="demo/judge", dtype="float32"),
-        # Draft-model SD inside the target's calls: of n-gram, draft-model, Medusa and EAGLE-3 SD it gave the best
-        # lr+sd on 200 held-out problems with trio v5 (2.49x ar against 1.94x / 2.29x / 2.34x for n-gram / Medusa /
-        # EAGLE-3; benchmarks/RESULTS.md, "Demo trio v5 shipped"), as it did with trio v4.
-        options=LROptions(judge=VerifierConfig(name="llm"), max_tokens=800,
-                          target_spec=SpecDecodeConfig(method="draft_model", num_speculative_tokens=4)),
+        options=DEMO_OPTIONS,
+        reasoning_parser="deepseek_r1",
+    ),
+    "demo-llamacpp": Profile(
+        name="demo-llamacpp",
+        description="the demo trio as GGUF files on llama.cpp (engines/demo/gguf, written by "
+                    "build_scripts/export_gguf.py from engines/demo): the demo profile's options, only runtimes and "
+                    "threads differ; needs the llamacpp extra",
+        # Every role on llama.cpp: the target decodes a token in ~1.2 ms there against ~8 ms on the portable engine,
+        # the draft in ~0.15 ms (RESULTS.md, "Lookahead Reasoning over llama.cpp"). The roles run one at a time in
+        # the sync loop, so each may use both cores; token ids come from the Hugging Face tokenizers (`tokenizer`).
+        target=ModelSpec(path="demo/gguf/target-f32.gguf", tokenizer="demo/target", runtime="llamacpp",
+                         num_threads=2, max_batch_size=16),
+        draft=ModelSpec(path="demo/gguf/draft-f32.gguf", tokenizer="demo/draft", runtime="llamacpp",
+                        num_threads=1, max_batch_size=16),
+        judge=ModelSpec(path="demo/gguf/judge-f32.gguf", tokenizer="demo/judge", runtime="llamacpp",
+                        num_threads=2, max_batch_size=16),
+        options=DEMO_OPTIONS,
         reasoning_parser="deepseek_r1",
     ),
     "smollm2": Profile(

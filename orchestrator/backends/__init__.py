@@ -34,11 +34,12 @@ def make_engine(spec, draft_engine=None) -> Engine:
             eagle3_head=str(spec.resolved_eagle3()) if spec.eagle3 else None,
         )
         return PortableEngine(cfg, draft_engine=draft_engine)
-    if spec.runtime == "llamacpp":  # a GGUF through llama.cpp; the tokenizer from the dequantised folder
+    if spec.runtime == "llamacpp":  # a GGUF through llama.cpp; the tokenizer from `tokenizer` or the dequantised GGUF
         from .llamacpp import LlamaCppEngine, LlamaCppEngineConfig
 
-        cfg = LlamaCppEngineConfig(model=str(spec.located_path()), tokenizer=str(spec.resolved_path()),
-                                   n_threads=spec.num_threads or 2, max_batch_size=spec.max_batch_size)
+        cfg = LlamaCppEngineConfig(model=str(spec.located_path()), tokenizer=str(spec.tokenizer_path()),
+                                   n_threads=spec.num_threads or 2, max_batch_size=spec.max_batch_size,
+                                   n_gpu_layers=spec.n_gpu_layers)
         return LlamaCppEngine(cfg, draft_engine=draft_engine)
     if spec.runtime == "trtllm":  # TensorRT-LLM LLM API; settings from an engine spec (engines/*.yaml)
         from ..production.engine_specs import ENGINES_DIR, load_spec
@@ -53,6 +54,6 @@ def make_engine(spec, draft_engine=None) -> Engine:
 
         if not spec.url:
             raise ValueError("url: runtime 'openai' needs `url`, the server root (e.g. http://127.0.0.1:8001)")
-        return OpenAIEngine(OpenAIEngineConfig(url=spec.url, tokenizer=str(spec.resolved_path()),
+        return OpenAIEngine(OpenAIEngineConfig(url=spec.url, tokenizer=str(spec.tokenizer_path()),
                                                model=spec.served_model, flavor=spec.server_flavor))
     raise ValueError(f"runtime: unknown or unavailable runtime {spec.runtime!r}")

@@ -68,6 +68,8 @@ class LlamaCppEngineConfig(BaseModel):
     tokenizer: str = Field(..., description="Hugging Face folder with the same tokenizer (the GGUF dequantised by "
                                             "lookahead_reasoning.model_refs.resolve, or the original checkpoint)")
     n_threads: int = Field(2, ge=1, description="llama.cpp threads (decode and prefill)")
+    n_gpu_layers: int = Field(0, ge=-1, description="layers offloaded to a GPU build of llama.cpp (-1: all); not run "
+                                                    "in CI (no GPU build here)")
     kv_cells: int = Field(8192, ge=64, description="KV cells of the context, shared by all sequences (n_ctx)")
     context_length: int | None = Field(None, ge=16, description="longest sequence (default: the model's training "
                                                                 "context, at most kv_cells)")
@@ -119,7 +121,9 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         except Exception:  # noqa: BLE001 - logging only
             pass
         L.llama_backend_init()
-        self.model = L.llama_model_load_from_file(c.model.encode(), L.llama_model_default_params())
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = c.n_gpu_layers
+        self.model = L.llama_model_load_from_file(c.model.encode(), mp)
         if not self.model:
             raise ValueError(f"model: llama.cpp could not load {c.model!r} (not a GGUF file it reads)")
         vocab = L.llama_model_get_vocab(self.model)
@@ -145,6 +149,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(c.n_batch,))
         self._b_logits = np.ctypeslib.as_array(b.logits, shape=(c.n_batch,))
         self._b_nseq[:] = 1
+        self._logits_addr, self._logits_buf = None, None
         buf = (ctypes.c_char * 256)()
         L.llama_model_desc(self.model, buf, 256)
         self.model_desc = buf.value.decode(errors="replace")
@@ -222,11 +227,16 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         return best
 
     # -- llama_decode ------------------------------------------------------------------------------------
-    def _decode(self, tokens: np.ndarray, pos: np.ndarray, seqs: np.ndarray, logits: bool) -> np.ndarray | None:
+    def _decode(self, tokens, pos, seqs, logits: bool) -> np.ndarray | None:
         """``llama_decode`` of (token, position, sequence id) triples, in chunks of ``n_batch``.
 
-        Returns ``[n, vocab]`` float32 logits of every position when ``logits``, else None. A full KV cache evicts
-        cached sequences (least recently used first) and retries.
+        Args:
+            tokens, pos, seqs: equal-length int sequences (lists or arrays).
+            logits: whether to return the logits of every position.
+        Returns:
+            ``[n, vocab]`` float32 logits when ``logits`` (a view of llama.cpp's buffer when one call sufficed:
+            valid until the next ``llama_decode``), else None. A full KV cache evicts cached sequences (least
+            recently used first) and retries.
 
         Raises:
             RuntimeError: llama_decode failed, or the KV cache is full with nothing left to evict (naming
@@ -234,15 +244,15 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         """
         L, cap = self._L, self.config.n_batch
         out = []
+        seq_id = self._batch.seq_id
         for a in range(0, len(tokens), cap):
             n = min(cap, len(tokens) - a)
             self._batch.n_tokens = n
             self._b_token[:n] = tokens[a:a + n]
             self._b_pos[:n] = pos[a:a + n]
             self._b_logits[:n] = 1 if logits else 0
-            seq_id = self._batch.seq_id
             for i in range(n):
-                seq_id[i][0] = int(seqs[a + i])
+                seq_id[i][0] = seqs[a + i]
             t0 = time.perf_counter()
             while True:
                 rc = L.llama_decode(self.ctx, self._batch)
@@ -254,12 +264,24 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed (return code {rc})")
             self.stats.forward_passes += 1
-            if logits:
-                ptr = L.llama_get_logits(self.ctx)
-                out.append(np.ctypeslib.as_array(ptr, shape=(n, self._vocab)).copy())
+            if logits:  # the buffer is reused by the next call: copy all but the last chunk's
+                view = self._logits_view(n)
+                out.append(view if a + n >= len(tokens) else view.copy())
             elif self.record_steps:
                 self.prefill_seconds.append((1, n, time.perf_counter() - t0))
-        return np.concatenate(out) if logits else None
+        if not logits:
+            return None
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def _logits_view(self, n: int) -> np.ndarray:
+        """``[n, vocab]`` view of the logits of the last ``llama_decode`` (no copy; the numpy wrapper is cached
+        per buffer address, as building one costs more than a small model's argmax)."""
+        ptr = self._L.llama_get_logits(self.ctx)
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        if addr != self._logits_addr:
+            self._logits_buf = np.ctypeslib.as_array(ptr, shape=(self.config.n_batch, self._vocab))
+            self._logits_addr = addr
+        return self._logits_buf[:n]
 
     # -- admission (prefill) ---------------------------------------------------------------------------
     def _admit(self, new: list[Seq]) -> None:
@@ -308,27 +330,31 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
     # -- decoding --------------------------------------------------------------------------------------
     def _step(self) -> None:
         """One ``llama_decode`` for the whole running batch: row ``r`` feeds its last token and its proposals at
-        their positions under its sequence id; the logits of every fed position come back, are verified
-        (:meth:`~.scheduler.BatchScheduler._commit`), and the KV of rejected proposals is removed."""
+        consecutive positions under its sequence id, rows one after another (no padding); the logits of every
+        fed position come back, are verified (:meth:`~.scheduler.BatchScheduler._commit_flat`), and the KV of
+        rejected proposals is removed. Plain Python lists and one numpy view of llama.cpp's logits: at ~1 ms per
+        token, tensors built per step would cost a fifth of the step (RESULTS.md, "where our ar's time goes")."""
         t0 = time.perf_counter()
         seqs = self._running
         props = self._proposals()
-        width = 1 + max(len(p) for p, _ in props)
-        ids, real, pos = self._step_inputs(props, width)
-        kv = torch.tensor([s.kv_seq for s in seqs])[:, None].expand(-1, width)
-        out = torch.from_numpy(self._decode(ids[real].numpy(), pos[real].numpy(), kv[real].numpy(), logits=True))
-        if width == 1:
-            logits = out[:, None]
-        else:
-            logits = out.new_zeros((len(seqs), width, out.shape[-1]))
-            logits[real] = out
-        fed = real.sum(1).tolist()
-        kept, finished = self._commit(props, ids, real, logits)
+        tokens: list[int] = []
+        pos: list[int] = []
+        ids: list[int] = []
+        for s, (p, _) in zip(seqs, props):
+            base = len(s.tokens) - 1
+            tokens.append(s.tokens[-1])
+            tokens.extend(p)
+            pos.extend(range(base, base + 1 + len(p)))
+            ids.extend([s.kv_seq] * (1 + len(p)))
+        logits = self._decode(tokens, pos, ids, logits=True)
+        first = [len(s.tokens) - 1 for s in seqs]  # each row's first fed position, before tokens are appended
+        fed = [1 + len(p) for p, _ in props]
+        kept, finished = self._commit_flat(props, logits)
         for r, s in enumerate(seqs):
             if kept[r] < fed[r]:  # rejected proposals (or tokens after a stop): their KV goes
-                self._L.llama_memory_seq_rm(self._mem, s.kv_seq, int(pos[r, 0]) + kept[r], -1)
+                self._L.llama_memory_seq_rm(self._mem, s.kv_seq, first[r] + kept[r], -1)
         if self.record_steps:
-            self.step_seconds.append((len(seqs), width, time.perf_counter() - t0))
+            self.step_seconds.append((len(seqs), max(fed), time.perf_counter() - t0))
         for s in finished:
             self._release(s)
 

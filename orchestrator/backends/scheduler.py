@@ -287,7 +287,7 @@ class BatchScheduler(FutureEngineMixin):
 
     def _commit(self, props: list[tuple[list[int], torch.Tensor | None]], ids: torch.Tensor, real: torch.Tensor,
                 logits: torch.Tensor) -> tuple[list[int], list[Seq]]:
-        """Verify one decoding step's proposals and append each running row's new tokens.
+        """Verify one decoding step's proposals and append each running row's new tokens (padded layout).
 
         Args:
             props: the step's proposals per row (:meth:`_proposals`).
@@ -305,38 +305,81 @@ class BatchScheduler(FutureEngineMixin):
         """
         seqs = self._running
         b, width = ids.shape
-        n_props = [len(p) for p, _ in props]
         greedy = [r for r, s in enumerate(seqs) if s.req.sampling.greedy]
         best = logits.argmax(dim=-1).cpu() if greedy else None
         accepted = greedy_accepted(ids[:, 1:], real[:, 1:], best[:, :-1]).tolist() if greedy else [0] * b
         best = best.tolist() if greedy else None
         sampled = [r for r, s in enumerate(seqs) if not s.req.sampling.greedy]
         sampled_logits = dict(zip(sampled, logits[sampled].float().cpu())) if sampled else {}
-        kept = [0] * b
-        finished = []
+        kept, finished = [0] * b, []
         for r, (s, (p, q)) in enumerate(zip(seqs, props)):
-            k = n_props[r]
             if s.req.sampling.greedy:
                 acc = accepted[r]
-                tokens, probs = p[:acc] + [best[r][acc]], None
+                verdict = (acc, p[:acc] + [best[r][acc]], None)
             else:
-                verdict = verify(p, sampled_logits[r][: k + 1], s.req.sampling, s.warpers, s.generator, q)
-                acc, tokens, probs = verdict.accepted, verdict.tokens, verdict.probs
-            if s.collect_probs:
-                s.probs.append(probs[-1:])
-            s.counters.forward_passes += 1
-            s.counters.forward_positions += width
-            if k and s.req.spec.schedule == "heuristic":  # transformers' num_assistant_tokens_schedule
-                full = s.req.spec.num_speculative_tokens
-                s.spec_k = min(full, s.spec_k + 2) if acc == k else max(1, s.spec_k - 1)
-            for tok in tokens:
-                kept[r] += 1
-                if self._append(s, tok):
-                    finished.append(s)
-                    break
-            # Only proposals that reach the output count as accepted (a stop, EOS or length cut drops the rest).
-            s.counters.count_proposals(k, min(acc, kept[r]))
+                v = verify(p, sampled_logits[r][: len(p) + 1], s.req.sampling, s.warpers, s.generator, q)
+                verdict = (v.accepted, v.tokens, v.probs)
+            kept[r] = self._accept_row(s, len(p), *verdict, width, finished)
         return kept, finished
+
+    def _commit_flat(self, props: list[tuple[list[int], torch.Tensor | None]], logits) -> tuple[list[int], list[Seq]]:
+        """:meth:`_commit` for a step fed without padding (llama.cpp): row ``r`` fed its last token and its
+        proposals at consecutive positions, rows one after another.
+
+        Args:
+            props: the step's proposals per row.
+            logits: ``[sum over rows of 1 + proposals, vocab]`` float32 numpy array (or tensor), row ``r``'s
+                positions at ``sum(1 + len(props[i][0]) for i < r)`` onwards.
+        Returns:
+            as :meth:`_commit`; every row counts ``1 + max proposals`` forward positions, as there.
+
+        The greedy check is one argmax over all positions and a Python comparison per proposal: no tensors are
+        built for the common one-row, one-position step, whose Python cost is what separates our ``ar`` from
+        llama.cpp's own loop.
+        """
+        seqs = self._running
+        width = 1 + max(len(p) for p, _ in props)
+        best = logits.argmax(-1).tolist() if any(s.req.sampling.greedy for s in seqs) else None
+        kept, finished = [0] * len(seqs), []
+        a = 0
+        for r, (s, (p, q)) in enumerate(zip(seqs, props)):
+            k = len(p)
+            if s.req.sampling.greedy:
+                row = best[a:a + k + 1]
+                acc = 0
+                while acc < k and p[acc] == row[acc]:
+                    acc += 1
+                verdict = (acc, p[:acc] + [row[acc]], None)
+            else:
+                v = verify(p, torch.as_tensor(logits[a:a + k + 1]), s.req.sampling, s.warpers, s.generator, q)
+                verdict = (v.accepted, v.tokens, v.probs)
+            kept[r] = self._accept_row(s, k, *verdict, width, finished)
+            a += k + 1
+        return kept, finished
+
+    def _accept_row(self, s: Seq, k: int, acc: int, tokens: list[int], probs, width: int, finished: list) -> int:
+        """Book one row's verdict (``acc`` of its ``k`` proposals accepted, ``tokens`` to append, the sampled
+        distributions ``probs``) and append the tokens; a row that finishes goes to ``finished``.
+
+        Returns:
+            how many fed slots keep valid KV (the fed last token plus the tokens appended after it).
+        """
+        if s.collect_probs:
+            s.probs.append(probs[-1:])
+        s.counters.forward_passes += 1
+        s.counters.forward_positions += width
+        if k and s.req.spec.schedule == "heuristic":  # transformers' num_assistant_tokens_schedule
+            full = s.req.spec.num_speculative_tokens
+            s.spec_k = min(full, s.spec_k + 2) if acc == k else max(1, s.spec_k - 1)
+        kept = 0
+        for tok in tokens:
+            kept += 1
+            if self._append(s, tok):
+                finished.append(s)
+                break
+        # Only proposals that reach the output count as accepted (a stop, EOS or length cut drops the rest).
+        s.counters.count_proposals(k, min(acc, kept))
+        return kept
 
     def _append(self, s: Seq, tok: int) -> bool:
         """Append one token; returns True when the sequence is finished.

@@ -110,7 +110,7 @@ def _target_tokenizer(server_profile: dict):
 
     params = server_profile["parameters"]
     prof = load_profile(params.get("profile") or None, config=params.get("profile_config") or None)
-    return AutoTokenizer.from_pretrained(str(prof.target.resolved_path()))
+    return AutoTokenizer.from_pretrained(str(prof.target.tokenizer_path()))
 
 
 def _finish(reason: str | None) -> str:

@@ -106,11 +106,11 @@ class LookaheadReasoningModel:
         timeout = float(params.get("call_timeout_s") or 0) or None
         p = self.profile
         self.pool = ThreadPoolExecutor(int(params.get("bls_threads") or 64), thread_name_prefix="lr-bls")
-        target = TritonBLSEngine("target", str(p.target.resolved_path()), timeout, self.pool)
+        target = TritonBLSEngine("target", str(p.target.tokenizer_path()), timeout, self.pool)
         # the draft's chain of a cycle in one call where the role model's engine can stop at the k-th delimiter
-        draft = TritonBLSEngine("draft", str(p.draft.resolved_path()), timeout, self.pool,
+        draft = TritonBLSEngine("draft", str(p.draft.tokenizer_path()), timeout, self.pool,
                                 supports_stop_count=p.draft.runtime in IN_PROCESS_RUNTIMES) if p.draft else None
-        judge = TritonBLSEngine("judge", str(p.judge.resolved_path()), timeout, self.pool) if p.judge else None
+        judge = TritonBLSEngine("judge", str(p.judge.tokenizer_path()), timeout, self.pool) if p.judge else None
         timeouts = {k: float(params[k]) for k in ("judge_timeout_s", "draft_timeout_s", "target_timeout_s")
                     if float(params.get(k) or 0) > 0}
         defaults = p.options.model_copy(update=timeouts) if timeouts else p.options
