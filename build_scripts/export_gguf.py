@@ -82,12 +82,14 @@ def _vocab(folder: Path, n_vocab: int):
     return tokens, types, merges, eos, pad
 
 
-def export(folder: Path, out: Path) -> Path:
+def export(folder: Path, out: Path, outtype: str = "f32") -> Path:
     """Write ``folder`` (a Hugging Face checkpoint: ``config.json``, safetensors, ``tokenizer.json``) as one GGUF.
 
     Args:
         folder: the checkpoint folder; ``model_type`` must be one of :data:`ARCHES`.
         out: the GGUF file to write (its folder is created).
+        outtype: ``f32`` or ``f16`` for the matrices (norms and other 1-D tensors stay float32, as llama.cpp's
+            converter writes them); the demo checkpoints are stored in float16, so both are exact.
     Returns:
         ``out``.
     Raises:
@@ -111,7 +113,9 @@ def export(folder: Path, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
     w.add_name(folder.name)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if outtype not in ("f32", "f16"):
+        raise ValueError(f"outtype: 'f32' or 'f16', got {outtype!r}")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     w.add_context_length(int(cfg["max_position_embeddings"]))
     w.add_embedding_length(int(cfg["hidden_size"]))
     w.add_block_count(n_layer)
@@ -140,7 +144,8 @@ def export(folder: Path, out: Path) -> Path:
         w.add_chat_template(template.read_text())
 
     for hf_name in sorted(state, key=_layer_order):
-        arr = np.ascontiguousarray(state[hf_name].astype(np.float32))
+        dtype = np.float16 if outtype == "f16" and state[hf_name].ndim == 2 else np.float32
+        arr = np.ascontiguousarray(state[hf_name].astype(dtype))
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"tensor: {hf_name!r} of {folder} has no GGUF name for {mtype}")
@@ -193,14 +198,15 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=Path, default=None, help="one checkpoint folder (default: the demo trio)")
     ap.add_argument("--out", type=Path, default=None, help="the GGUF file for --model")
     ap.add_argument("--out-dir", type=Path, default=DEMO / "gguf", help="where the trio's files go")
+    ap.add_argument("--outtype", choices=("f32", "f16"), default="f32", help="matrix type (default f32)")
     ap.add_argument("--check", action="store_true", help="compare greedy decoding with transformers afterwards")
     args = ap.parse_args(argv)
     if args.model is not None:
         jobs = [(args.model, args.out or args.model.with_suffix(".gguf"))]
     else:
-        jobs = [(DEMO / r, args.out_dir / f"{r}-f32.gguf") for r in ROLES]
+        jobs = [(DEMO / r, args.out_dir / f"{r}-{args.outtype}.gguf") for r in ROLES]
     for folder, out in jobs:
-        export(folder, out)
+        export(folder, out, args.outtype)
         line = f"{folder} -> {out} ({out.stat().st_size / 1e6:.2f} MB)"
         if args.check:
             agree, n = check(folder, out)

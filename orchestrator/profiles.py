@@ -233,15 +233,16 @@ PROFILES: dict[str, Profile] = {
         description="the demo trio as GGUF files on llama.cpp (engines/demo/gguf, written by "
                     "build_scripts/export_gguf.py from engines/demo): the demo profile's options, only runtimes and "
                     "threads differ; needs the llamacpp extra",
-        # Every role on llama.cpp: the target decodes a token in ~1.2 ms there against ~8 ms on the portable engine,
-        # the draft in ~0.15 ms (RESULTS.md, "Lookahead Reasoning over llama.cpp"). The roles run one at a time in
-        # the sync loop, so each may use both cores; token ids come from the Hugging Face tokenizers (`tokenizer`).
+        # Every role on llama.cpp: the target decodes a token in ~1.1-1.8 ms there against ~8 ms on the portable
+        # engine, the draft in ~0.25 ms (RESULTS.md, "Lookahead Reasoning over llama.cpp"). One thread each: on the
+        # 2-vCPU machines of this project llama.cpp decodes these small models faster with 1 thread than with 2
+        # (llama-cpp-python's own loop too: 622 against 405 tok/s). Token ids come from the Hugging Face tokenizers.
         target=ModelSpec(path="demo/gguf/target-f32.gguf", tokenizer="demo/target", runtime="llamacpp",
-                         num_threads=2, max_batch_size=16),
+                         num_threads=1, max_batch_size=16),
         draft=ModelSpec(path="demo/gguf/draft-f32.gguf", tokenizer="demo/draft", runtime="llamacpp",
                         num_threads=1, max_batch_size=16),
         judge=ModelSpec(path="demo/gguf/judge-f32.gguf", tokenizer="demo/judge", runtime="llamacpp",
-                        num_threads=2, max_batch_size=16),
+                        num_threads=1, max_batch_size=16),
         options=DEMO_OPTIONS,
         reasoning_parser="deepseek_r1",
     ),

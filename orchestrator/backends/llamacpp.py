@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import time
 from collections import OrderedDict
 
@@ -76,6 +77,9 @@ class LlamaCppEngineConfig(BaseModel):
     n_batch: int = Field(512, ge=16, description="tokens per llama_decode call (longer prefills are chunked)")
     max_batch_size: int = Field(16, ge=1, description="running requests (sequence ids in the batch)")
     cache_slots: int = Field(16, ge=0, description="finished requests whose KV is kept for prefix reuse (LRU)")
+    flash_attn: bool = Field(False, description="llama.cpp's flash attention (llama_context_params.flash_attn_type). "
+                                                "Off, as in llama-cpp-python's Llama: on this project's CPUs it made a "
+                                                "5-row decode cost 3.0 one-row calls instead of 1.85 (RESULTS.md)")
 
     def model_post_init(self, __context) -> None:
         if self.max_batch_size + self.cache_slots > LLAMA_MAX_SEQ:
@@ -98,6 +102,13 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
     name = "llamacpp"
 
     def __init__(self, config: LlamaCppEngineConfig, draft_engine=None) -> None:
+        # Several llama.cpp contexts in one process (target, draft, judge) each own an OpenMP thread team; once the
+        # process holds more OpenMP threads than cores, libgomp throttles its barrier spinning to ~100 spins and
+        # sleeps on a futex at each of the hundreds of barriers of a forward pass: a 2-thread target ran 86 tok/s
+        # beside a 2-thread judge instead of 712 (RESULTS.md, "Lookahead Reasoning over llama.cpp"). An explicit
+        # spin count (libgomp's GOMP_SPINCOUNT, read when libgomp loads with llama_cpp) keeps the short spin; a
+        # value the user set wins.
+        os.environ.setdefault("GOMP_SPINCOUNT", "300000")
         try:
             import llama_cpp
         except ImportError as exc:
@@ -135,6 +146,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         cp.n_seq_max = n_seq
         cp.n_threads = cp.n_threads_batch = c.n_threads
         cp.kv_unified = True
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if c.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
