@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 # The demo trio as GGUF files for the demo-llamacpp profile (llama.cpp runtime): exported from the committed checkpoints
 # in about a second (build_scripts/export_gguf.py), not committed twice.
 GGUF := engines/demo/gguf/target-f32.gguf engines/demo/gguf/draft-f32.gguf engines/demo/gguf/judge-f32.gguf
-$(GGUF) &: $(STAMP) build_scripts/export_gguf.py engines/demo/target/model.safetensors engines/demo/draft/model.safetensors engines/demo/judge/model.safetensors
+$(GGUF) &: $(STAMP) build_scripts/export_gguf.py $(wildcard engines/demo/target/* engines/demo/draft/* engines/demo/judge/*)
 	$(BIN)/python build_scripts/export_gguf.py
 
 install: $(STAMP) $(GGUF)

@@ -287,16 +287,20 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--peer-threads", default="1,3", help="llama.cpp plain rows' threads (default 1,3)")
-    ap.add_argument("--server-specs", default=",".join(SERVER_SPECS),
+    ap.add_argument("--server-specs", default=";".join(SERVER_SPECS),
                     help="llama-server configurations (names of SERVER_SPECS, ';'-separated) at --server-threads")
     ap.add_argument("--server-threads", type=int, default=1)
     ap.add_argument("--ours", default=";".join(OURS), help="our rows (names of OURS, ';'-separated)")
     ap.add_argument("--tools", default=None, help="folder with llama-server (default: build_llamacpp_tools.sh's)")
     ap.add_argument("--out", default="benchmarks/out/llamacpp_peer.json")
+    ap.add_argument("--render", default=None, help="print the tables of a saved JSON report and exit")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return _worker(args)
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())))
+        return 0
 
     import numpy as np
 
@@ -411,7 +415,31 @@ def render(report: dict) -> str:
         th = " + ".join(f"{k} {v}" for k, v in d["threads"].items())
         lines.append(f"| {d['label']} | {th} | {d['tokens_per_s']:.0f} | {ratio(d, 'vs_llamacpp_plain')} | "
                      f"{ratio(d, 'vs_peer_best_spec')} | {acc} | {acc_s} |")
+    lines += ["", *cycle_profile(report)]
     return "\n".join(lines)
+
+
+def cycle_profile(report: dict) -> list[str]:
+    """Per cycle of each of our speculative rows, where the time goes, in units of one ``ar`` step of the same
+    profile in the same run (``ar`` seconds / ``ar`` steps): draft, target call(s), judge, and the rest (the loop's
+    Python, thread hand-offs, text handling)."""
+    rows = report["rows"]
+    out = ["| our row | steps per cycle | cycle in ar steps | draft | target call | judge | rest (Python, hand-offs) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for key, d in rows.items():
+        if not d.get("cycles") or key.endswith(" ar") or " lr" not in key:
+            continue
+        prof = "portable" if "portable" in key else "llamacpp"
+        ar = rows.get(f"ours:{prof} ar")
+        if not ar or not ar.get("steps"):
+            continue
+        unit = ar["seconds"] / ar["steps"]
+        c = d["cycles"]
+        parts = [d["draft_seconds"], d["target_seconds"], d["judge_seconds"]]
+        rest = d["seconds"] - sum(parts)
+        cells = [f"{x / c / unit:.2f}" for x in (d["seconds"], *parts, rest)]
+        out.append(f"| {d['label']} | {d['steps'] / c:.2f} | " + " | ".join(cells) + " |")
+    return out if len(out) > 2 else []
 
 
 if __name__ == "__main__":

@@ -11,22 +11,25 @@ a byte-level BPE (``tokenizer.ggml.model = gpt2``) with the pre-tokenizer named 
 one by one, as the trio's does; it does not isolate ``"\\n\\n"``, so text tokenized by llama.cpp itself, e.g. a
 prompt typed into ``llama-cli``, can differ from the Hugging Face ids: send token ids, as ``benchmarks/`` does).
 
-Weights are written as stored (float32 for the demo trio): the export is exact, and ``--check`` proves it by
-running the same prompt through transformers and llama.cpp and comparing the greedy tokens.
+The demo checkpoints are stored in float16; the matrices are written upcast to float32 (``--outtype f32``, the
+profile's files) or as float16 (``--outtype f16``), exact either way, and ``--check`` runs the same prompt through
+transformers and llama.cpp and compares the greedy tokens.
 
 Usage:
   python build_scripts/export_gguf.py                       # engines/demo/{target,draft,judge} -> engines/demo/gguf/
   python build_scripts/export_gguf.py --model FOLDER --out FILE.gguf
   python build_scripts/export_gguf.py --check               # also compare greedy decoding with transformers
 
-The committed files under ``engines/demo/gguf/`` are this script's output; ``tests/test_gguf_export.py`` rebuilds
-them and compares tensor by tensor.
+``make install`` writes ``engines/demo/gguf/`` with this script (git-ignored: a second copy of the checkpoints would
+only grow the repository); ``tests/test_demo_llamacpp.py`` exports afresh and compares byte for byte and tensor by
+tensor. Each file is written beside its destination and renamed into place, so an interrupted export leaves none.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -111,7 +114,8 @@ def export(folder: Path, out: Path, outtype: str = "f32") -> Path:
     rope = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    w = gguf.GGUFWriter(str(tmp), gguf.MODEL_ARCH_NAMES[arch])
     w.add_name(folder.name)
     if outtype not in ("f32", "f16"):
         raise ValueError(f"outtype: 'f32' or 'f16', got {outtype!r}")
@@ -156,6 +160,7 @@ def export(folder: Path, out: Path, outtype: str = "f32") -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    tmp.replace(out)
     return out
 
 
@@ -165,7 +170,7 @@ def _layer_order(name: str):
     return (layer, name)
 
 
-def check(folder: Path, gguf_file: Path, new_tokens: int = 48) -> int:
+def check(folder: Path, gguf_file: Path, new_tokens: int = 48) -> tuple[int, int]:
     """Greedy-decode one prompt with transformers and with llama.cpp (llama-cpp-python) on the exported file.
 
     Returns:

@@ -83,6 +83,9 @@ class ModelSpec(BaseModel):
                     raise ValueError(f"{name}: a setting of the portable runtime (runtime is {self.runtime!r})")
         else:  # PortableEngineConfig's rules, checked when the profile loads rather than at start-up
             check_gpu_mode(self.static_cache, self.cuda_graphs, self.device, self.compile)
+        if self.tokenizer is not None and self.runtime not in ("llamacpp", "openai"):
+            raise ValueError(f"tokenizer: the {self.runtime!r} runtime reads the tokenizer from `path`; `tokenizer` is "
+                             "for runtimes llamacpp and openai")
         if self.runtime != "llamacpp" and self.n_gpu_layers:
             raise ValueError(f"n_gpu_layers: a setting of the llamacpp runtime (runtime is {self.runtime!r})")
         if self.runtime == "llamacpp" and not self.path.endswith(".gguf"):

@@ -72,11 +72,12 @@ def test_export_is_reproducible_and_holds_the_checkpoint(exported):
     reader = gguf.GGUFReader(str(exported / "target-f32.gguf"))
     tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
     state = load_file(str(ENGINES_DIR / "demo" / "target" / "model.safetensors"))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, 22)
     assert len(tensors) == len(state)
-    emb = tensors["token_embd.weight"].reshape(state["model.embed_tokens.weight"].shape)
-    np.testing.assert_array_equal(emb, state["model.embed_tokens.weight"].astype(np.float32))
-    q = tensors["blk.3.attn_q.weight"].reshape(state["model.layers.3.self_attn.q_proj.weight"].shape)
-    np.testing.assert_array_equal(q, state["model.layers.3.self_attn.q_proj.weight"].astype(np.float32))
+    for hf_name, value in state.items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        np.testing.assert_array_equal(tensors[name].reshape(value.shape), value.astype(np.float32), err_msg=name)
+    assert reader.fields["tokenizer.ggml.tokens"].data and reader.fields["general.architecture"]
 
 
 def test_export_refuses_what_it_cannot_write(tmp_path):
@@ -226,9 +227,10 @@ def test_the_llm_judge_default_answers_the_problems(reasoner, problems):
 
 @pytest.mark.slow
 @pytest.mark.server
-def test_triton_serves_demo_llamacpp_like_in_process(tmp_path_factory, reasoner, problems):
-    """Through a real Triton server (role models hosting llama.cpp engines), ar and lr+sd answers equal the in-process
-    reasoner's, one request at a time on both sides (so each llama_decode holds the same tokens)."""
+def test_triton_serves_demo_llamacpp_like_in_process(tmp_path_factory, problems):
+    """Through a real Triton server (role models hosting llama.cpp engines), ar and lr+sd answers equal a fresh
+    in-process reasoner's that is sent the same requests in the same order, one at a time on both sides (so each
+    llama_decode holds the same tokens and copies prefixes computed the same way: llama.cpp is not batch-invariant)."""
     from lookahead_reasoning.serving.client import TritonLRClient
 
     from conftest import start_server
@@ -241,7 +243,11 @@ def test_triton_serves_demo_llamacpp_like_in_process(tmp_path_factory, reasoner,
         assert server.engine_dtypes().get("target") == "F32"
     finally:
         server.stop()
-    for m, outs in served.items():
-        for q, s in zip(problems, outs):
-            local = reasoner.run(q, options=reasoner.options(mode=m, max_tokens=MAX_TOKENS))
-            assert s.text == local.text, (m, q)
+    fresh = build_reasoner(PROFILE)
+    try:
+        for m, outs in served.items():
+            for q, s in zip(problems, outs):
+                local = fresh.run(q, options=fresh.options(mode=m, max_tokens=MAX_TOKENS))
+                assert s.text == local.text, (m, q)
+    finally:
+        close_reasoner(fresh)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import time
 from collections import OrderedDict
 
@@ -102,13 +101,6 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
     name = "llamacpp"
 
     def __init__(self, config: LlamaCppEngineConfig, draft_engine=None) -> None:
-        # Several llama.cpp contexts in one process (target, draft, judge) each own an OpenMP thread team; once the
-        # process holds more OpenMP threads than cores, libgomp throttles its barrier spinning to ~100 spins and
-        # sleeps on a futex at each of the hundreds of barriers of a forward pass: a 2-thread target ran 86 tok/s
-        # beside a 2-thread judge instead of 712 (RESULTS.md, "Lookahead Reasoning over llama.cpp"). An explicit
-        # spin count (libgomp's GOMP_SPINCOUNT, read when libgomp loads with llama_cpp) keeps the short spin; a
-        # value the user set wins.
-        os.environ.setdefault("GOMP_SPINCOUNT", "300000")
         try:
             import llama_cpp
         except ImportError as exc:
@@ -345,7 +337,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         consecutive positions under its sequence id, rows one after another (no padding); the logits of every
         fed position come back, are verified (:meth:`~.scheduler.BatchScheduler._commit_flat`), and the KV of
         rejected proposals is removed. Plain Python lists and one numpy view of llama.cpp's logits: at ~1 ms per
-        token, tensors built per step would cost a fifth of the step (RESULTS.md, "where our ar's time goes")."""
+        token, tensors built per step cost a quarter of the step (RESULTS.md, "Where our `ar` on llama.cpp spent its time")."""
         t0 = time.perf_counter()
         seqs = self._running
         props = self._proposals()
