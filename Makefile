@@ -1,6 +1,6 @@
 # Lookahead Reasoning serving: the two commands of the README.
-#   make demo  - install, start Triton with the demo trio, send problems over gRPC streaming, print answers
-#                and the speedup over `ar`, stop the server.
+#   make demo  - install, start Triton with the demo trio (demo-llamacpp), send problems over gRPC streaming,
+#                print answers, the speedup over `ar` and the ratio to llama.cpp's plain decoding, stop the server.
 #   make test  - install, run the test suite.
 # The virtual environment is built from the system Python 3.11 (Debian's python3.11): Triton's Python
 # backend stub embeds the system libpython3.11, so models must run on the same interpreter build.
