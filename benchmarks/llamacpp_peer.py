@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -105,12 +106,17 @@ class Ours:
                 "target_seconds": m.target.seconds}
 
 
-def _prompt_ids(item) -> list[int]:
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
     from transformers import AutoTokenizer
 
     from lookahead_reasoning.profiles import PROFILES
 
-    tok = AutoTokenizer.from_pretrained(PROFILES["demo-llamacpp"].target.tokenizer_path())
+    return AutoTokenizer.from_pretrained(PROFILES["demo-llamacpp"].target.tokenizer_path())
+
+
+def _prompt_ids(item) -> list[int]:
+    tok = _tokenizer()  # loaded once per worker, not per problem
     ids = tok.apply_chat_template([{"role": "user", "content": item.prompt}], add_generation_prompt=True,
                                   tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
