@@ -45,11 +45,15 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from tqdm import tqdm
-
 from lookahead_reasoning.evaluation.answers import check_answer, extract_gsm8k
-from lookahead_reasoning.evaluation.runner import (bootstrap_speedup_ci, load_average, load_with_spare, measurement_block,
-                                                   uses_chat_template)
+from lookahead_reasoning.evaluation.runner import (
+    bootstrap_speedup_ci,
+    load_average,
+    load_with_spare,
+    measurement_block,
+    uses_chat_template,
+)
+from tqdm import tqdm
 
 # variant -> (ModelSpec update, mode); None: llama-cpp-python itself, no engine of ours
 VARIANTS = {"float32": ({"dtype": "float32"}, "ar"), "bfloat16": ({"dtype": "bfloat16"}, "ar"),
@@ -109,9 +113,8 @@ def _plain_worker(conn, profile, variant: str, max_tokens: int) -> None:
 
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-    from transformers import AutoTokenizer
-
     from lookahead_reasoning.backends.tokenizer import TokenizerAccess
+    from transformers import AutoTokenizer
 
     spec, sd = profile.target, profile.options.target_spec
     tok = TokenizerAccess()  # the prompt ids our engines build
@@ -185,9 +188,8 @@ def main(argv=None) -> int:
         if rows:
             rng = random.Random(0)
             text = " ".join(it.prompt or it.messages[-1]["content"] for it in items)
-            from transformers import AutoTokenizer
-
             from lookahead_reasoning.profiles import load_profile
+            from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(load_profile(args.profile, args.config).target.resolved_path())
             prompt = tok.encode(text, add_special_tokens=False)[: args.bn_context]
@@ -212,7 +214,7 @@ def main(argv=None) -> int:
     ratio = {k: tps[k] / tps[base] for k in names}
     ci = {k: bootstrap_speedup_ci(per[k]["tokens"], per[k]["seconds"], per[base]["tokens"], per[base]["seconds"])
           for k in names if k != base}
-    same = {k: sum(a == b for a, b in zip(per[k]["answers"], per[base]["answers"])) for k in names}
+    same = {k: sum(a == b for a, b in zip(per[k]["answers"], per[base]["answers"], strict=False)) for k in names}
     step_ms = {k: {n: (1000 * statistics.median(v) if v else None) for n, v in steps[k].items()} for k in names}
     b = {k: {n: (step_ms[k][n] / step_ms[k][1] if step_ms[k][n] and step_ms[k][1] else None) for n in rows}
          for k in names}

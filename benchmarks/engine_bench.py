@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from lookahead_reasoning.backends.base import GenerationRequest, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
@@ -81,7 +80,7 @@ def bench_prefix_cache(engine, problem, gamma=4, cycles=10):
         for j in range(gamma + 1):
             branches.append(x + [t for s in steps[c:c + j] for t in s])
         results = engine.generate([GenerationRequest(b, 4) for b in branches])
-        for b, r in zip(branches, results):
+        for b, r in zip(branches, results, strict=False):
             # Longest prefix of this prompt seen before (in earlier cycles or earlier branches).
             known = max((k for k in range(len(b) - 1, 0, -1) if tuple(b[:k]) in seen), default=0)
             new = (len(b) - 1) - known
@@ -104,7 +103,7 @@ def bench_ngram(engine, ps, max_new):
         rs = [engine.generate([GenerationRequest(p, max_new, spec=s)])[0] for p in ps]
         res[name] = (time.perf_counter() - t0, rs)
     (tp, plain), (tn, ngram) = res["plain"], res["ngram"]
-    same = all(a.token_ids == b.token_ids for a, b in zip(plain, ngram))
+    same = all(a.token_ids == b.token_ids for a, b in zip(plain, ngram, strict=False))
     drafted = sum(r.counters.drafted_tokens for r in ngram)
     accepted = sum(r.counters.accepted_tokens for r in ngram)
     tokens = sum(len(r.token_ids) for r in ngram)

@@ -23,7 +23,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "build_scripts"))
 import train_demo_models as tdm  # noqa: E402
-
 from lookahead_reasoning.evaluation import synthetic as syn  # noqa: E402
 
 

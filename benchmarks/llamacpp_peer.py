@@ -108,9 +108,8 @@ class Ours:
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
-    from transformers import AutoTokenizer
-
     from lookahead_reasoning.profiles import PROFILES
+    from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(PROFILES["demo-llamacpp"].target.tokenizer_path())
 
@@ -127,7 +126,6 @@ class LlamaCppPlain:
 
     def __init__(self, threads: int, args) -> None:
         from llama_cpp import Llama
-
         from lookahead_reasoning.profiles import PROFILES
 
         prof = PROFILES["demo-llamacpp"]
@@ -309,7 +307,6 @@ def main(argv=None) -> int:
         return 0
 
     import numpy as np
-
     from lookahead_reasoning.evaluation.answers import check_answer
     from lookahead_reasoning.evaluation.runner import bootstrap_speedup_ci, load_average, measurement_block
 
@@ -360,7 +357,7 @@ def main(argv=None) -> int:
         d = {"label": _label(row), "threads": workers[row].info["threads"], "tokens": int(tok.sum()),
              "seconds": float(sec.sum()), "tokens_per_s": float(tok.sum() / sec.sum()),
              "accuracy": sum(acc) / len(acc) if acc else None, "graded": len(acc), "correct": sum(acc),
-             "per_item": [(float(a), float(b)) for a, b in zip(tok, sec)], "correct_by_item": graded}
+             "per_item": [(float(a), float(b)) for a, b in zip(tok, sec, strict=False)], "correct_by_item": graded}
         if "accepted_steps" in res[0]:
             ver = sum(r["verified_steps"] for r in res)
             d["acceptance"] = sum(r["accepted_steps"] for r in res) / ver if ver else None
@@ -382,7 +379,7 @@ def main(argv=None) -> int:
                 continue
             b = summary[base]
             d[name] = d["tokens_per_s"] / b["tokens_per_s"]
-            d[name + "_ci95"] = bootstrap_speedup_ci(*zip(*d["per_item"]), *zip(*b["per_item"]))
+            d[name + "_ci95"] = bootstrap_speedup_ci(*zip(*d["per_item"], strict=False), *zip(*b["per_item"], strict=False))
     report = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python benchmarks/llamacpp_peer.py " + " ".join(sys.argv[1:] if argv is None else argv),

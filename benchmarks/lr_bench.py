@@ -27,16 +27,24 @@ import time
 from datetime import date
 from pathlib import Path
 
-from tqdm import tqdm
-
 from lookahead_reasoning.backends.base import SpecDecodeConfig
 from lookahead_reasoning.core.calibration import calibrate_reasoner
-from lookahead_reasoning.evaluation.runner import (
-    BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE, WARMUP_REQUESTS, format_speedup,
-    load_average, load_with_spare, measurement_block, run_interleaved, uses_chat_template,
-)
 from lookahead_reasoning.core.lookahead import with_overrides
+from lookahead_reasoning.evaluation.runner import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    INTERLEAVED_ORDER,
+    PREFIX_CACHE_NOTE,
+    WARMUP_REQUESTS,
+    format_speedup,
+    load_average,
+    load_with_spare,
+    measurement_block,
+    run_interleaved,
+    uses_chat_template,
+)
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
+from tqdm import tqdm
 
 
 def main(argv=None) -> int:
@@ -166,7 +174,7 @@ def token_sd(t) -> dict:
     return {"sd_tokens_per_forward": 1 + t.accepted_tokens / t.forward_passes,
             "sd_acceptance_by_position": [a / n if n else None for a, n in
                                           zip(t.accepted_by_position + [0] * len(t.proposed_by_position),
-                                              t.proposed_by_position)]}
+                                              t.proposed_by_position, strict=False)]}
 
 
 def cycle_profile(r, ar, cost) -> dict | None:

@@ -17,13 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
-from lookahead_reasoning.evaluation.answers import check_answer, load_items
 from lookahead_reasoning.core.calibration import calibrate_reasoner
-from lookahead_reasoning.evaluation.runner import uses_chat_template
 from lookahead_reasoning.core.metrics import RequestMetrics
+from lookahead_reasoning.evaluation.answers import check_answer, load_items
+from lookahead_reasoning.evaluation.runner import uses_chat_template
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
+from tqdm import tqdm
 
 
 def parse_run(text: str) -> tuple[str, dict]:
@@ -137,7 +136,7 @@ def summarize(per: list[dict], cost=None) -> dict:
         "generated_tokens": tot("generated_tokens"), "seconds": seconds,
         "tokens_per_s": tot("generated_tokens") / seconds if seconds else 0.0,
         "acceptance_rate": tot("accepted_steps") / tot("verified_steps") if tot("verified_steps") else None,
-        "acceptance_by_depth": [a / v if v else None for a, v in zip(depth_acc, depth_ver)],
+        "acceptance_by_depth": [a / v if v else None for a, v in zip(depth_acc, depth_ver, strict=False)],
         "steps": tot("steps"), "target_steps": tot("target_steps"), "cycles": tot("cycles"),
         "drafted_steps": tot("drafted_steps"), "verified_steps": tot("verified_steps"),
         "accepted_steps": tot("accepted_steps"),

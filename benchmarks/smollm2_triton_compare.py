@@ -156,7 +156,7 @@ def main(argv=None) -> int:
 
     for mode in modes:
         rows = []
-        for it, s, loc in zip(items, served[mode], local[mode]):
+        for it, s, loc in zip(items, served[mode], local[mode], strict=False):
             rows.append({"id": it.id, "equal": s["text"] == loc["text"],
                          "triton_tokens": s["metrics"].get("generated_tokens"),
                          "in_process_tokens": loc["metrics"].get("generated_tokens"),

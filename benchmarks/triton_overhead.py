@@ -21,12 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from lookahead_reasoning.evaluation.answers import load_items
 from lookahead_reasoning.core.lookahead import with_overrides
+from lookahead_reasoning.evaluation.answers import load_items
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 from lookahead_reasoning.serving.client import TritonLRClient
 from lookahead_reasoning.serving.server import ServerConfig, TritonServer, free_port, prepare_repository
-
 
 
 def main(argv=None) -> int:
@@ -70,7 +69,7 @@ def main(argv=None) -> int:
         remote = asyncio.run(go())
     e2e_local = [x[0] for x in local]
     e2e_remote = [x[0] for x in remote]
-    same = sum(a[1] == b[1] for a, b in zip(local, remote))
+    same = sum(a[1] == b[1] for a, b in zip(local, remote, strict=False))
     total_local, total_remote = sum(e2e_local), sum(e2e_remote)
     doc = {
         "profile": args.profile, "mode": args.mode, "problems": len(items),

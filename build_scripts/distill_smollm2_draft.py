@@ -196,7 +196,7 @@ def stage_gen(args, target_dir: Path, device: str) -> dict:
                 if not in_flight:
                     break
                 g, reqs, fut = in_flight.popleft()
-                for q, req, res in zip(g, reqs, fut.result()):
+                for q, req, res in zip(g, reqs, fut.result(), strict=False):
                     f.write(json.dumps({"id": q.id, "source": q.source, "form": q.form, "question": q.question,
                                         "prompt_ids": list(req.prompt_ids), "output_ids": list(res.token_ids),
                                         "text": res.text, "finish": res.finish_reason}) + "\n")
@@ -497,12 +497,11 @@ def step_boundaries(tok, output_ids: list[int], delimiter: str) -> list[int]:
 
 
 def stage_eval(args, target_dir: Path, device: str) -> dict:
-    from transformers import AutoTokenizer
-
     from lookahead_reasoning.backends.base import GenerationRequest
     from lookahead_reasoning.core.calibration import calibrate
     from lookahead_reasoning.core.steps import Step
-    from lookahead_reasoning.core.verifiers import NumericVerifier, NormalizedVerifier
+    from lookahead_reasoning.core.verifiers import NormalizedVerifier, NumericVerifier
+    from transformers import AutoTokenizer
 
     rows = load_corpus(Path(args.work) / "corpus.jsonl")
     _, held = split_corpus(rows, args)
@@ -532,19 +531,19 @@ def stage_eval(args, target_dir: Path, device: str) -> dict:
             for i in tqdm(range(0, len(reqs), 64), desc=f"eval steps {delim!r}", file=sys.stderr):
                 results += draft.generate(reqs[i:i + 64])
             drafts = [Step(res.text, list(res.token_ids), list(res.token_ids), res.finish_reason, "draft") for res in results]
-            pairs = [(t, d) for t, d in zip(targets, drafts)]
+            pairs = [(t, d) for t, d in zip(targets, drafts, strict=False)]
             num = asyncio.run(NumericVerifier().verify(pairs))
             norm = asyncio.run(NormalizedVerifier().verify(pairs))
             complete = [t.complete and d.complete for t, d in pairs]
-            exact = [c and t.target_ids == d.target_ids for c, (t, d) in zip(complete, pairs)]
+            exact = [c and t.target_ids == d.target_ids for c, (t, d) in zip(complete, pairs, strict=False)]
             n = max(1, len(pairs))
             out["delimiters"][repr(delim)] = {
                 "steps": len(pairs),
                 "mean_target_step_tokens": sum(len(t.target_ids) for t in targets) / n,
                 "target_steps_cut_at_max_step_tokens": sum(len(t.target_ids) >= args.max_step_tokens for t in targets) / n,
                 "exact_agreement": sum(exact) / n,
-                "normalized_agreement": sum(c and v.accept for c, v in zip(complete, norm)) / n,
-                "numeric_agreement": sum(c and v.accept for c, v in zip(complete, num)) / n,
+                "normalized_agreement": sum(c and v.accept for c, v in zip(complete, norm, strict=False)) / n,
+                "numeric_agreement": sum(c and v.accept for c, v in zip(complete, num, strict=False)) / n,
             }
             log(f"eval {delim!r}: {out['delimiters'][repr(delim)]}")
         # Teacher-forced next-token agreement on the held-out answers.
@@ -716,9 +715,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from transformers.utils import logging as hf_logging
-
     from lookahead_reasoning.model_refs import resolve
+    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     device = pick_device(args.device)

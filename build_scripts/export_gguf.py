@@ -194,7 +194,7 @@ def check(folder: Path, gguf_file: Path, new_tokens: int = 48) -> tuple[int, int
         got.append(int(t))
         if len(got) >= len(ref) or t == llm.token_eos():
             break
-    agree = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+    agree = next((i for i, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b), min(len(ref), len(got)))
     return agree, len(ref)
 
 

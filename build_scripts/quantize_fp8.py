@@ -282,10 +282,10 @@ def weight_error(original: Path, deq_state: dict[str, torch.Tensor]) -> dict[str
 def evaluate(model_dir: Path, n: int, threads: int, input_scales: dict[str, float] | None = None,
              baseline: list[str] | None = None) -> dict:
     """Accuracy (greedy, mode ``ar``) of the checkpoint in ``model_dir`` on ``n`` held-out synthetic problems."""
-    from lookahead_reasoning.evaluation.answers import load_items
     from lookahead_reasoning.backends.portable import PortableEngine
-    from lookahead_reasoning.evaluation.runner import run_eval
     from lookahead_reasoning.core.lookahead import LookaheadReasoner
+    from lookahead_reasoning.evaluation.answers import load_items
+    from lookahead_reasoning.evaluation.runner import run_eval
     from lookahead_reasoning.profiles import PROFILES
 
     engine = PortableEngine.from_pretrained(str(model_dir), num_threads=threads)
@@ -301,7 +301,7 @@ def evaluate(model_dir: Path, n: int, threads: int, input_scales: dict[str, floa
     doc = {"problems": rep.n, "correct": rep.correct, "accuracy": rep.accuracy, "accuracy_stderr": rep.accuracy_stderr,
            "generated_tokens": rep.tokens, "seconds": round(time.perf_counter() - t0, 1), "fake_quant_inputs": hooked}
     if baseline is not None:
-        doc["identical_to_unquantized"] = sum(a == b for a, b in zip(texts, baseline))
+        doc["identical_to_unquantized"] = sum(a == b for a, b in zip(texts, baseline, strict=False))
     return doc, texts
 
 

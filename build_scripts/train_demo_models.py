@@ -43,9 +43,9 @@ import platform
 import random
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -55,10 +55,16 @@ if str(REPO) not in sys.path:  # allow running from a checkout without installin
     sys.path.insert(0, str(REPO))
 
 try:
-    from lookahead_reasoning.evaluation import synthetic as syn
-    from lookahead_reasoning.core.judge_prompt import (ALIGNED, ASSISTANT_PREFILL, JUDGE_INSTRUCTIONS, UNALIGNED,
-                                                       build_judge_ids, verdict_token_ids)
+    from lookahead_reasoning.core.judge_prompt import (
+        ALIGNED,
+        ASSISTANT_PREFILL,
+        JUDGE_INSTRUCTIONS,
+        UNALIGNED,
+        build_judge_ids,
+        verdict_token_ids,
+    )
     from lookahead_reasoning.core.verifiers import pre_verdict
+    from lookahead_reasoning.evaluation import synthetic as syn
 except ImportError:  # a checkout without `pip install -e .`: import the package folder under its name
     import importlib.util
 
@@ -67,10 +73,16 @@ except ImportError:  # a checkout without `pip install -e .`: import the package
     _mod = importlib.util.module_from_spec(_spec)
     sys.modules["lookahead_reasoning"] = _mod
     _spec.loader.exec_module(_mod)
-    from lookahead_reasoning.evaluation import synthetic as syn
-    from lookahead_reasoning.core.judge_prompt import (ALIGNED, ASSISTANT_PREFILL, JUDGE_INSTRUCTIONS, UNALIGNED,
-                                                       build_judge_ids, verdict_token_ids)
+    from lookahead_reasoning.core.judge_prompt import (
+        ALIGNED,
+        ASSISTANT_PREFILL,
+        JUDGE_INSTRUCTIONS,
+        UNALIGNED,
+        build_judge_ids,
+        verdict_token_ids,
+    )
     from lookahead_reasoning.core.verifiers import pre_verdict
+    from lookahead_reasoning.evaluation import synthetic as syn
 
 GSM8K_TEST = REPO / "data" / "gsm8k" / "test.jsonl"
 GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"
@@ -314,7 +326,7 @@ def lm_example(tok, problem: syn.Problem, eos_id: int, rng: random.Random | None
     other = problem.in_voice(1 - problem.context.voice).steps if rng is not None else problem.steps
     p = rng.random() if rng is not None else 0.0
     steps, spans, at = [], [], 0  # spans: character ranges of the other voice's steps (no loss)
-    for own, alt in zip(problem.steps, other):
+    for own, alt in zip(problem.steps, other, strict=False):
         use_alt = alt != own and rng.random() < p
         steps.append(alt if use_alt else own)
         if use_alt:
@@ -324,7 +336,7 @@ def lm_example(tok, problem: syn.Problem, eos_id: int, rng: random.Random | None
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     answer = list(enc["input_ids"]) + [eos_id]
     labels = [-100 if any(a <= start < b for a, b in spans) else t
-              for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"])] + [eos_id]
+              for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=False)] + [eos_id]
     return prompt + answer, [-100] * len(prompt) + labels
 
 
@@ -337,7 +349,7 @@ def repo_relative(path: str | Path) -> str:
 def training_problems(n: int, seed: int, tag: str, style: str, rng: random.Random) -> list[syn.Problem]:
     """``n`` training problems (never the evaluation seeds): problem ``i`` from ``derive_seed(seed, tag, i)`` at a
     difficulty ``rng`` draws from :data:`DIFFICULTY_MIX`."""
-    levels, weights = zip(*DIFFICULTY_MIX.items())
+    levels, weights = zip(*DIFFICULTY_MIX.items(), strict=False)
     return [syn.generate_problems(1, syn.derive_seed(seed, tag, i), rng.choices(levels, weights)[0], style)[0]
             for i in range(n)]
 
@@ -433,7 +445,7 @@ def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: 
     instead (:func:`drill_example`)."""
     rng = random.Random(seed)
     eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
-    levels, weights = zip(*DIFFICULTY_MIX.items())
+    levels, weights = zip(*DIFFICULTY_MIX.items(), strict=False)
     chunk = 0
     n = 0
     while True:
@@ -669,7 +681,7 @@ def solve(model, tok, problems: Sequence[syn.Problem], batch_size: int = 64, des
 def accuracy(texts: Sequence[str], answers: Sequence[int]) -> tuple[float, float]:
     """(fraction correct, standard error)."""
     n = len(answers)
-    k = sum(syn.extract_answer(t) == a for t, a in zip(texts, answers))
+    k = sum(syn.extract_answer(t) == a for t, a in zip(texts, answers, strict=False))
     p = k / max(1, n)
     return p, math.sqrt(p * (1 - p) / max(1, n))
 
@@ -832,10 +844,10 @@ def judge_verdicts(model, tok, pairs: Sequence[tuple[str, str]], batch_size: int
 
 
 def binary_metrics(pred: Sequence[bool], gold: Sequence[bool]) -> dict:
-    tp = sum(p and g for p, g in zip(pred, gold))
-    fp = sum(p and not g for p, g in zip(pred, gold))
-    fn = sum((not p) and g for p, g in zip(pred, gold))
-    tn = sum((not p) and (not g) for p, g in zip(pred, gold))
+    tp = sum(p and g for p, g in zip(pred, gold, strict=False))
+    fp = sum(p and not g for p, g in zip(pred, gold, strict=False))
+    fn = sum((not p) and g for p, g in zip(pred, gold, strict=False))
+    tn = sum((not p) and (not g) for p, g in zip(pred, gold, strict=False))
     n = len(gold)
     return {"n": n, "positives": tp + fn, "precision": tp / max(1, tp + fp), "recall": tp / max(1, tp + fn),
             "accuracy": (tp + tn) / max(1, n), "tp": tp, "fp": fp, "fn": fn, "tn": tn}
@@ -845,7 +857,7 @@ def metrics_by_kind(pred: Sequence[bool], pairs: Sequence[tuple[str, str, bool]]
     """``{kind: binary_metrics}`` of judge verdicts ``pred`` on ``(step_a, step_b, equivalent)`` pairs, grouped by the
     step kind of ``step_a`` (:func:`synthetic.step_meaning`; a positive pair's steps share it)."""
     kinds = [syn.step_meaning(a)[0] for a, _, _ in pairs]
-    return {k: binary_metrics([v for v, kk in zip(pred, kinds) if kk == k], [y for (_, _, y), kk in zip(pairs, kinds) if kk == k])
+    return {k: binary_metrics([v for v, kk in zip(pred, kinds, strict=False) if kk == k], [y for (_, _, y), kk in zip(pairs, kinds, strict=False) if kk == k])
             for k in sorted(set(kinds))}
 
 
@@ -861,7 +873,7 @@ def real_pairs(target, draft, tok, problems: Sequence[syn.Problem], batch_size: 
     t_out = next_steps(target, tok, prompts, batch_size, desc=f"{desc}: target")
     d_out = next_steps(draft, tok, prompts, batch_size, desc=f"{desc}: draft")
     res = []
-    for (i, j, _), t_ids, d_ids in zip(rows, t_out, d_out):
+    for (i, j, _), t_ids, d_ids in zip(rows, t_out, d_out, strict=False):
         p = problems[i]
         gold = p.steps[j] if j < len(p.steps) else p.answer_line
         tt, dt = strip_special(tok, t_ids).strip(), strip_special(tok, d_ids).strip()
@@ -952,7 +964,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     (acc_t, se_t), (acc_d, se_d) = accuracy(t_txt, answers), accuracy(d_txt, answers)
     res["accuracy"] = {"n": n_eval, "seed": syn.EVAL_SEED, "difficulty": syn.DEFAULT_DIFFICULTY,
                        "target": acc_t, "target_se": se_t, "draft": acc_d, "draft_se": se_d,
-                       "target_exact_solution": sum(t == p.solution for t, p in zip(t_txt, problems)) / n_eval}
+                       "target_exact_solution": sum(t == p.solution for t, p in zip(t_txt, problems, strict=False)) / n_eval}
     # accuracy by difficulty (not a must-show; small samples)
     by_d, n_d = {}, 20 if quick else 40
     for d in syn.DIFFICULTIES:
@@ -1007,10 +1019,10 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
         pre = pre_verdict(a, b)
         return pre.accept if pre is not None else judged
 
-    ver_syn = [verifier(a, b, j) for (a, b, _), j in zip(syn_pairs, v_syn)]
+    ver_syn = [verifier(a, b, j) for (a, b, _), j in zip(syn_pairs, v_syn, strict=False)]
     res["verifier_synthetic"] = binary_metrics(ver_syn, [y for _, _, y in syn_pairs])
     res["verifier_synthetic_by_kind"] = metrics_by_kind(ver_syn, syn_pairs)
-    ver_real = [verifier(r["target"], r["draft"], j) for r, j in zip(pairs, v)]
+    ver_real = [verifier(r["target"], r["draft"], j) for r, j in zip(pairs, v, strict=False)]
     res["verifier_real_non_identical"] = binary_metrics([ver_real[k] for k in nonid], [gold[k] for k in nonid])
     # prompt injection: the held-out negatives that reach the judge, clean and with each injected text on step B;
     # the verifier as it runs (a text that changes the numbers is the guard's to reject)
@@ -1018,7 +1030,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     attacked = {"none": lambda a, b: b, **INJECTIONS, **HELD_OUT_INJECTIONS}
     res["injection"] = {"n": len(neg), "accepted": {
         name: sum(verifier(a, f(a, b), j) for (a, b), j in
-                  zip(neg, judge_verdicts(judge, tok, [(a, f(a, b)) for a, b in neg]) if neg else []))
+                  zip(neg, judge_verdicts(judge, tok, [(a, f(a, b)) for a, b in neg]) if neg else [], strict=False))
         for name, f in attacked.items()}}
     lap("judge")
 
@@ -1029,7 +1041,7 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     prompt = chat_prompt_ids(tok, problems[0].question)
     speed = {"threads": 1, "dtype": "float32", "new_tokens": 64, "prompt_tokens": len(prompt),
              "method": "forward loop, DynamicCache, greedy, best of 3"}
-    for name, m in zip(("target", "draft", "judge"), cpu):
+    for name, m in zip(("target", "draft", "judge"), cpu, strict=False):
         for b in (1, 4):
             speed[f"{name}_b{b}_tok_s"] = decode_speed(m, prompt, b, 16 if quick else 64, 1 if quick else 3)
     speed["c"] = speed["target_b1_tok_s"] / speed["draft_b1_tok_s"]  # draft time / target time per token

@@ -47,9 +47,8 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_demo_models as tdm  # noqa: E402  (also puts the package on sys.path for a bare checkout)
-from train_medusa_heads import answers, mixed_figure  # noqa: E402
-
 from lookahead_reasoning.backends.eagle import Eagle3Head  # noqa: E402
+from train_medusa_heads import answers, mixed_figure  # noqa: E402
 
 syn = tdm.syn
 
@@ -104,7 +103,7 @@ def random_crops(data, n: int, length: int, gen: torch.Generator):
         lo = max(0, first_label(data[i]) - 2)
         start = int(torch.randint(lo, max(lo + 1, len(ids) - 2), (1,), generator=gen))
         out.append(crop(data[i], start, length))
-    return tuple(torch.stack(x) for x in zip(*out))
+    return tuple(torch.stack(x) for x in zip(*out, strict=False))
 
 
 def ttt_logits(head: Eagle3Head, feats: torch.Tensor, nxt: torch.Tensor, steps: int, window: int) -> list[torch.Tensor]:
@@ -160,7 +159,7 @@ def chain_metrics(head: Eagle3Head, data, steps: int, window: int, length: int =
     accepted = sum(hits)
     return {
         "anchors": anchors,
-        "chain_acceptance_by_depth": [round(h / max(r, 1), 4) for h, r in zip(hits, reached)],
+        "chain_acceptance_by_depth": [round(h / max(r, 1), 4) for h, r in zip(hits, reached, strict=False)],
         "mean_accepted_per_forward": round(accepted / max(anchors, 1), 3),
         "tokens_per_forward": round(1 + accepted / max(anchors, 1), 3),
     }

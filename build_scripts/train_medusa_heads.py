@@ -44,7 +44,6 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_demo_models as tdm  # noqa: E402  (also puts the package on sys.path for a bare checkout)
-
 from lookahead_reasoning.backends.medusa import MedusaHeads  # noqa: E402
 
 syn = tdm.syn
@@ -55,7 +54,7 @@ def answers(model, tok, problems, batch_size: int, desc: str) -> list[tuple[list
     prompts = [tdm.chat_prompt_ids(tok, p.question) for p in problems]
     eos, pad = tok.convert_tokens_to_ids(tdm.EOS), tok.convert_tokens_to_ids(tdm.PAD)
     outs = tdm.greedy_generate(model, prompts, pad, [eos], tdm.MAX_ANSWER_TOKENS[problems[0].style], batch_size, desc)
-    return list(zip(prompts, outs))
+    return list(zip(prompts, outs, strict=False))
 
 
 @torch.inference_mode()

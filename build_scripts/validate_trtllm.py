@@ -53,7 +53,7 @@ def _prompts(engine, n: int) -> list[list[int]]:
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -73,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-
     from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
     from lookahead_reasoning.backends.trtllm import TrtllmEngine, import_tensorrt_llm
     from lookahead_reasoning.production.engine_specs import load_spec
@@ -106,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     ref_out = portable.generate([GenerationRequest(p, args.tokens) for p in prompts])
     ref_s = time.perf_counter() - t0
     portable.close()
-    prefixes = [_common_prefix(a.token_ids, b.token_ids) for a, b in zip(trt_out, ref_out)]
-    agree8 = sum(p >= min(8, len(b.token_ids)) for p, b in zip(prefixes, ref_out))
+    prefixes = [_common_prefix(a.token_ids, b.token_ids) for a, b in zip(trt_out, ref_out, strict=False)]
+    agree8 = sum(p >= min(8, len(b.token_ids)) for p, b in zip(prefixes, ref_out, strict=False))
     check("greedy_vs_portable", agree8 >= 0.75 * len(prompts), prompts=len(prompts), first8_agree=agree8,
-          identical=sum(a.token_ids == b.token_ids for a, b in zip(trt_out, ref_out)),
+          identical=sum(a.token_ids == b.token_ids for a, b in zip(trt_out, ref_out, strict=False)),
           mean_common_prefix=sum(prefixes) / len(prefixes), trtllm_s=round(trt_s, 2), portable_s=round(ref_s, 2))
 
     # 3. stop strings on decoded text
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         client = OpenAIEngine(OpenAIEngineConfig(url=args.serve_url, tokenizer=args.model, flavor="trtllm-serve"))
         remote = client.generate([GenerationRequest(p, args.tokens) for p in prompts])
         client.close()
-        same = sum(x.token_ids == y.token_ids for x, y in zip(remote, trt_out))
+        same = sum(x.token_ids == y.token_ids for x, y in zip(remote, trt_out, strict=False))
         check("openai_vs_inprocess", same == len(prompts), identical=same, of=len(prompts))
 
     engine.close()

@@ -9,10 +9,10 @@ import sys
 from typing import get_args
 
 from .benchmarking.bench import register as register_bench
-from .production.engine_build import register as register_build
-from .evaluation.eval_cli import EVAL_SKIP, add_eval_arguments, cmd_eval
 from .core.request import add_request_flags, request_values
 from .core.steps import ReasoningParser
+from .evaluation.eval_cli import EVAL_SKIP, add_eval_arguments, cmd_eval
+from .production.engine_build import register as register_build
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -39,8 +39,8 @@ def _profile_flags(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args) -> int:
     from .core.calibration import calibrate_reasoner
-    from .profiles import build_reasoner_for, close_reasoner, load_profile
     from .core.request import Limits, parse_request
+    from .profiles import build_reasoner_for, close_reasoner, load_profile
 
     profile = load_profile(args.profile, args.config)
     req, opts = parse_request(request_values(args), profile.options, Limits(max_gamma=profile.max_gamma_cap))

@@ -15,9 +15,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from .core.errors import from_validation
 from .backends.base import SpecDecodeConfig, check_gpu_mode
 from .backends.openai_http import Flavor
+from .core.errors import from_validation
 from .core.lookahead import LROptions
 from .core.steps import ReasoningParser
 from .core.verifiers import JUDGES, JudgeName, VerifierConfig
@@ -73,7 +73,7 @@ class ModelSpec(BaseModel):
         "vllm", description="openai runtime: which request extensions the server accepts")
 
     @model_validator(mode="after")
-    def _check_runtime(self) -> "ModelSpec":
+    def _check_runtime(self) -> ModelSpec:
         if self.runtime != "portable":
             for name in ("medusa", "eagle3"):
                 if getattr(self, name):
@@ -155,7 +155,7 @@ class Profile(BaseModel):
                           "model; list embedding to serve it)")
 
     @model_validator(mode="after")
-    def _check_judges(self) -> "Profile":
+    def _check_judges(self) -> Profile:
         if self.judges is not None and "llm" in self.judges and self.judge is None:
             raise ValueError("judges: 'llm' needs a judge model (the profile has none)")
         if self.options.judge.name not in self.served_judges():

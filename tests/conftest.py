@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from lookahead_reasoning.serving.server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,7 +232,7 @@ def tiny_profile_yaml(tmp_path_factory, tiny_model_dir, tiny_draft_dir, tiny_jud
 
 
 def start_server(tmp_path_factory, profile_config: Path | None, control: str = "none", profile: str | None = None,
-                 open_role_models: bool = False, **limits) -> "object":
+                 open_role_models: bool = False, **limits) -> object:
     from lookahead_reasoning.serving.server import ServerConfig, TritonServer, prepare_repository
 
     params = {"max_tokens_limit": "512", "max_prompt_bytes": "8000", "max_concurrency": "100",
@@ -285,11 +284,10 @@ def check_sampling_keeps_target_distribution(spec, **engine_kwargs) -> None:
     (top-k 3, temperature 1.5) computed from the model: chi-square goodness of fit. Also checks that proposals were
     both accepted and rejected."""
     import torch
-    from scipy.stats import chisquare
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
     from lookahead_reasoning.backends.portable import PortableEngine
+    from scipy.stats import chisquare
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = str(DEMO / "target")
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -303,7 +301,7 @@ def check_sampling_keeps_target_distribution(spec, **engine_kwargs) -> None:
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0, -1] / temp
         v, i = logits.topk(topk)
-        return dict(zip(i.tolist(), torch.softmax(v, -1).tolist()))
+        return dict(zip(i.tolist(), torch.softmax(v, -1).tolist(), strict=False))
 
     eng = PortableEngine.from_pretrained(model_dir, num_threads=1, dtype="float32", prefix_cache=False, **engine_kwargs)
     try:

@@ -7,10 +7,18 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from lookahead_reasoning.evaluation.answers import (
-    DATASET_FILES, MATH_SUFFIX, EvalItem, check_answer, data_dir, extract_gsm8k, final_answer, last_boxed,
-    load_items, normalize_math, to_number,
+    DATASET_FILES,
+    MATH_SUFFIX,
+    EvalItem,
+    check_answer,
+    data_dir,
+    extract_gsm8k,
+    final_answer,
+    last_boxed,
+    load_items,
+    normalize_math,
+    to_number,
 )
 
 
@@ -161,7 +169,7 @@ def test_reference_solutions_grade_correct():
     """The last \\boxed{} of every MATH-500 reference solution matches its answer field."""
     rows = [json.loads(x) for x in (data_dir() / DATASET_FILES["math500"]).read_text().splitlines()]
     items = load_items("math500")
-    assert sum(check_answer(i, r["solution"]) for i, r in zip(items, rows)) == len(rows) == 500
+    assert sum(check_answer(i, r["solution"]) for i, r in zip(items, rows, strict=False)) == len(rows) == 500
 
 
 def test_only_the_final_answer_is_graded_not_the_reasoning():

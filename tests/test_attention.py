@@ -3,9 +3,8 @@ keys and values to every query head (``repeat_kv``) or packs one query position 
 
 import pytest
 import torch
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
 from lookahead_reasoning.backends.attention import grouped_sdpa
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 
 class Layer(torch.nn.Module):

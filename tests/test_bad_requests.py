@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 import pytest
-
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.core.lookahead import LookaheadReasoner, with_overrides
 from lookahead_reasoning.profiles import load_profile
@@ -332,10 +331,9 @@ def test_role_models_are_internal(tiny_server):
     """A well-formed call to the target model from outside (gRPC; role models are decoupled, so HTTP cannot call
     them at all) is refused naming the model, while the orchestrator's own calls to it, which carry the server's
     secret, keep working."""
-    from tritonclient.utils import np_to_triton_dtype
-
     from lookahead_reasoning.backends.base import GenerationRequest
     from lookahead_reasoning.backends.role_tensors import requests_to_arrays
+    from tritonclient.utils import np_to_triton_dtype
 
     arrays = requests_to_arrays([GenerationRequest((5, 6, 7), 4)])
     got = asyncio.run(_stream_error(tiny_server, "target", arrays,
@@ -349,11 +347,10 @@ def test_role_models_are_internal(tiny_server):
 def test_open_role_models_still_enforce_their_limits(tmp_path_factory, tiny_profile_yaml):
     """With ``--open-role-models`` anyone may call ``target``, but within the role model's own caps: the issue-22
     example (64 sequences x 200 tokens in one call) is refused naming ``rows``; a small call is served."""
-    from tritonclient.utils import np_to_triton_dtype
-
     from conftest import start_server
     from lookahead_reasoning.backends.base import GenerationRequest
     from lookahead_reasoning.backends.role_tensors import requests_to_arrays
+    from tritonclient.utils import np_to_triton_dtype
 
     def call(reqs):
         arrays = requests_to_arrays(reqs)

@@ -13,12 +13,24 @@ import time
 
 import numpy as np
 import pytest
-
-from lookahead_reasoning.evaluation.answers import EvalItem
 from lookahead_reasoning.benchmarking.bench import (
-    BenchConfig, RequestTimeline, client_send, config_from_args, meets_slo, parse_list, parse_slo,
-    parse_runs, percentiles_ms, poisson_arrivals, register, run_bench, run_load, run_request, summarize,
+    BenchConfig,
+    RequestTimeline,
+    client_send,
+    config_from_args,
+    meets_slo,
+    parse_list,
+    parse_runs,
+    parse_slo,
+    percentiles_ms,
+    poisson_arrivals,
+    register,
+    run_bench,
+    run_load,
+    run_request,
+    summarize,
 )
+from lookahead_reasoning.evaluation.answers import EvalItem
 
 
 def tl(send, chunks, tokens, end=None, ok=True):
@@ -151,7 +163,7 @@ def test_runner_concurrency_timing_and_items_cycled():
     s1 = summarize(t1)
     assert s1["duration_s"] >= 4 * 0.05  # one at a time: 4 requests x (30 + 2 x 10) ms
     # all sends of a closed loop at concurrency 1 follow the previous completion
-    assert all(b.send_s >= a.end_s for a, b in zip(t1, t1[1:]))
+    assert all(b.send_s >= a.end_s for a, b in zip(t1, t1[1:], strict=False))
     t4 = asyncio.run(run_load(sleepy_send(), ITEMS, "ar", 4, concurrency=4, progress=False))
     assert summarize(t4)["duration_s"] < s1["duration_s"] * 0.75
     assert max(t.send_s for t in t4) - min(t.send_s for t in t4) < 0.02  # all four in flight at once
@@ -168,7 +180,7 @@ def test_runner_poisson_open_loop_never_early_and_unbounded_in_flight():
     tls = asyncio.run(run_load(sleepy_send(ttft=0.05), ITEMS, "lr+sd", 12, request_rate=200.0, seed=3, progress=False,
                                clock=clock))
     start = reads[0]
-    for t, off in zip(tls, offsets):
+    for t, off in zip(tls, offsets, strict=False):
         assert t.send_s - start >= off - 1e-3  # never sent before its arrival time
     in_flight = max(sum(u.send_s <= t.send_s < u.end_s for u in tls) for t in tls)
     assert in_flight > 1  # open loop: arrivals do not wait for completions

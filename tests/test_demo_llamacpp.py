@@ -41,7 +41,7 @@ MAX_TOKENS = 160
 def first_difference_ok(out: list[int], ref: list[int], margins: list[float], eos) -> int:
     """Positions compared; raises AssertionError when the first difference is at a confident position or the
     output ends early without EOS."""
-    d = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), None)
+    d = next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), None)
     if d is not None:
         assert margins[d] < MARGIN, f"first difference at {d}, reference margin {margins[d]:.3f} >= {MARGIN}"
         return d
@@ -198,7 +198,7 @@ def test_every_mode_with_the_exact_judge_reproduces_plain_llama_cpp(reasoner, pr
     under the margin rule; the speculative modes really use the draft's steps or tokens."""
     assert {reasoner.target.name, reasoner.draft.name, reasoner.judge_engine.name} == {"llamacpp"}
     compared, used = 0, 0
-    for q, (ref, margins) in zip(problems, reference):
+    for q, (ref, margins) in zip(problems, reference, strict=False):
         opts = reasoner.options(mode=mode, max_tokens=MAX_TOKENS, judge={"name": "exact"}, **extra)
         res = reasoner.run(messages=[{"role": "user", "content": q}], options=opts)
         compared += first_difference_ok(res.token_ids, ref, margins, set(reasoner.target.eos_token_ids))
@@ -231,9 +231,8 @@ def test_triton_serves_demo_llamacpp_like_in_process(tmp_path_factory, problems)
     """Through a real Triton server (role models hosting llama.cpp engines), ar and lr+sd answers equal a fresh
     in-process reasoner's that is sent the same requests in the same order, one at a time on both sides (so each
     llama_decode holds the same tokens and copies prefixes computed the same way: llama.cpp is not batch-invariant)."""
-    from lookahead_reasoning.serving.client import TritonLRClient
-
     from conftest import start_server
+    from lookahead_reasoning.serving.client import TritonLRClient
 
     server = start_server(tmp_path_factory, None, profile="demo-llamacpp")
     try:
@@ -246,7 +245,7 @@ def test_triton_serves_demo_llamacpp_like_in_process(tmp_path_factory, problems)
     fresh = build_reasoner(PROFILE)
     try:
         for m, outs in served.items():
-            for q, s in zip(problems, outs):
+            for q, s in zip(problems, outs, strict=False):
                 local = fresh.run(q, options=fresh.options(mode=m, max_tokens=MAX_TOKENS))
                 assert s.text == local.text, (m, q)
     finally:

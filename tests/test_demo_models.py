@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from lookahead_reasoning.evaluation import synthetic as syn
 from lookahead_reasoning.core.judge_prompt import build_judge_ids, verdict_token_ids
+from lookahead_reasoning.evaluation import synthetic as syn
 
 # LR_DEMO_DIR points the tests at another build (e.g. a fresh `train_demo_models.py --out DIR`).
 DEMO = Path(os.environ.get("LR_DEMO_DIR", Path(__file__).resolve().parents[1] / "engines" / "demo"))
@@ -210,10 +209,10 @@ def test_mixed_voice_training_examples_carry_loss_on_their_own_voice_only(loaded
             n_prompt = len(chat_ids(tok, p.question))
             text = tok.decode(ids[n_prompt:-1])
             steps = text.split(syn.STEP_DELIMITER)[:len(p.steps)]
-            assert all(s in (own, alt) for s, own, alt in zip(steps, p.steps, other.steps))
+            assert all(s in (own, alt) for s, own, alt in zip(steps, p.steps, other.steps, strict=False))
             assert len(ids) == len(labels) and labels[:n_prompt] == [-100] * n_prompt and labels[-1] == eos
-            masked = tok.decode([t for t, y in zip(ids[n_prompt:], labels[n_prompt:]) if y == -100])
-            foreign = [s for s, own in zip(steps, p.steps) if s != own]
+            masked = tok.decode([t for t, y in zip(ids[n_prompt:], labels[n_prompt:], strict=False) if y == -100])
+            foreign = [s for s, own in zip(steps, p.steps, strict=False) if s != own]
             assert masked.replace(" ", "") == "".join(foreign).replace(" ", "")
             seen_masked += bool(foreign)
             if not foreign:
@@ -232,7 +231,7 @@ def test_learning_rate_schedule_warms_up_then_decays_to_its_floor():
         assert tdm.learning_rate(b, 999, 1.0) == pytest.approx(2e-3 * floor)
         assert tdm.learning_rate(b, 500, 0.5) == pytest.approx(2e-3 * (1 + floor) / 2)
         after = [tdm.learning_rate(b, 100 + i, i / 900) for i in range(901)]
-        assert all(x >= y - 1e-15 for x, y in zip(after, after[1:]))
+        assert all(x >= y - 1e-15 for x, y in zip(after, after[1:], strict=False))
 
 
 def test_judge_trains_on_the_pairs_the_verifier_asks_it_about():
@@ -304,7 +303,7 @@ def test_compiled_layers_train_like_eager_and_leave_an_eager_model(loaded):
             loss = model(input_ids=ids, labels=labels, use_cache=False).loss
             loss.backward()
         assert float(loss) == pytest.approx(float(ref), rel=1e-4)
-        for p, g in zip(model.parameters(), ref_grads):
+        for p, g in zip(model.parameters(), ref_grads, strict=False):
             torch.testing.assert_close(p.grad, g, rtol=1e-3, atol=1e-5)
         model.zero_grad()
     assert len(shapes) == 2, shapes
@@ -326,7 +325,7 @@ def test_head_training_learns_only_what_the_target_writes(loaded):
     pad = tok.convert_tokens_to_ids(tdm.PAD)
     mixed = tdm.mixed_voice_rows(tok, 6, seed=3, style=style_of(tok))
     first_labelled = [next(i for i, y in enumerate(labels) if y != -100) for _, labels in mixed]
-    assert any(-100 in labels[i:] for (_, labels), i in zip(mixed, first_labelled))  # draft-worded steps inside
+    assert any(-100 in labels[i:] for (_, labels), i in zip(mixed, first_labelled, strict=False))  # draft-worded steps inside
     p = syn.generate_problems(1, 5, 2, style_of(tok))[0]
     prompt = chat_ids(tok, p.question)
     plain = tdm.answer_rows([(prompt, tok.encode(p.steps[0], add_special_tokens=False))])
@@ -349,7 +348,7 @@ def test_head_training_learns_only_what_the_target_writes(loaded):
             direct = model.get_decoder()(input_ids=torch.tensor([first])).last_hidden_state[0].float()
         assert torch.allclose(hidden[: len(want_pos[0])], direct[want_pos[0]], atol=1e-4)
     assert want_pos == [list(range(len(prompt) - 1, len(plain[0][0]) - 2))]
-    for (ids, labels), item in zip(mixed, te3.features(model, mixed, (1, 2, 3), pad)):
+    for (ids, labels), item in zip(mixed, te3.features(model, mixed, (1, 2, 3), pad), strict=False):
         _, nxt, lab = te3.crop(item, 0, len(ids))
         assert nxt[: len(ids) - 2].tolist() == ids[1:-1]
-        assert lab[: len(ids) - 2].tolist() == [y2 if y1 != -100 else -100 for y1, y2 in zip(labels[1:], labels[2:])]
+        assert lab[: len(ids) - 2].tolist() == [y2 if y1 != -100 else -100 for y1, y2 in zip(labels[1:], labels[2:], strict=False)]

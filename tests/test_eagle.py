@@ -8,14 +8,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
+from conftest import DEMO, build_tiny_model, check_sampling_keeps_target_distribution, cut_at_eos, greedy_reference
 from lookahead_reasoning.backends.base import GenerationRequest, SpecDecodeConfig
 from lookahead_reasoning.backends.eagle import WEIGHTS, Eagle3Head
 from lookahead_reasoning.backends.portable import PortableEngine
-
-from conftest import DEMO, build_tiny_model, check_sampling_keeps_target_distribution, cut_at_eos, greedy_reference
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 EAGLE = SpecDecodeConfig(method="eagle3", num_speculative_tokens=3)
 MEDUSA = SpecDecodeConfig(method="medusa", num_speculative_tokens=3)
@@ -74,7 +72,7 @@ def test_eagle_greedy_equals_plain_decoding(setup):
     batched = eng.generate(reqs)
     single = [eng.generate([r])[0] for r in reqs]
     uncached = nocache.generate(reqs)
-    for (ids, want), a, b, c in zip(ref, batched, single, uncached):
+    for (_ids, want), a, b, c in zip(ref, batched, single, uncached, strict=False):
         assert a.token_ids == b.token_ids == c.token_ids == cut_at_eos(eng, want)
     drafted = sum(r.counters.drafted_tokens for r in batched)
     accepted = sum(r.counters.accepted_tokens for r in batched)
@@ -101,7 +99,7 @@ def test_eagle_medusa_and_plain_rows_share_a_batch(setup):
     eng, _, ref = setup
     specs = [EAGLE, SpecDecodeConfig()] + ([MEDUSA] if eng.medusa is not None else [])
     reqs = [GenerationRequest(ids, 24, spec=specs[i % len(specs)]) for i, (ids, _) in enumerate(ref)]
-    for (ids, want), res in zip(ref, eng.generate(reqs)):
+    for (_ids, want), res in zip(ref, eng.generate(reqs), strict=False):
         assert res.token_ids == cut_at_eos(eng, want)
 
 
@@ -149,7 +147,7 @@ def test_a_padded_row_proposes_as_it_would_alone(tiny4, tmp_path):
     feats = [torch.randn(n, 3 * h) for n in (1, 6, 3)]
     toks = [list(range(10, 10 + n)) for n in (1, 6, 3)]
     together = head.propose(feats, toks, 4)
-    alone = [head.propose([f], [t], 4)[0] for f, t in zip(feats, toks)]
+    alone = [head.propose([f], [t], 4)[0] for f, t in zip(feats, toks, strict=False)]
     assert together == alone
 
 
@@ -181,11 +179,10 @@ def test_tensorrt_llm_eagle3_spec_dry_run_accepts_the_head(tmp_path_factory, tmp
     options name the head folder and the target layers it was trained on (its feature layers minus one: TensorRT-LLM
     captures layer outputs); another layer set is refused by field name, and so is a folder that is no EAGLE-3 head."""
     import yaml
-
-    from lookahead_reasoning.production.engine_build import WriteFile, main as build_main, plan_build
-    from lookahead_reasoning.production.engine_specs import load_spec
-
     from conftest import REPO
+    from lookahead_reasoning.production.engine_build import WriteFile, plan_build
+    from lookahead_reasoning.production.engine_build import main as build_main
+    from lookahead_reasoning.production.engine_specs import load_spec
 
     head = demo_head(tmp_path_factory)
     aux = json.loads((head / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
@@ -245,7 +242,6 @@ def test_a_profile_defaulting_to_eagle3_or_medusa_needs_the_heads(tmp_path):
     """A profile whose default target_spec needs heads its target lacks is refused when it loads, naming the
     field; with the head folder it loads (what README's profile example does)."""
     import yaml
-
     from lookahead_reasoning.profiles import load_profile
 
     base = {"name": "p", "target": {"path": "demo/target", "dtype": "float32"},

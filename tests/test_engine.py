@@ -11,12 +11,10 @@ import threading
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
+from conftest import BAD_REQUESTS, DEMO, TEXTS, build_tiny_model, cut_at_eos, greedy_reference
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
-
-from conftest import BAD_REQUESTS, DEMO, TEXTS, build_tiny_model, cut_at_eos, greedy_reference
+from transformers import AutoModelForCausalLM
 
 NGRAM = SpecDecodeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3)
 DRAFT = SpecDecodeConfig(method="draft_model", num_speculative_tokens=3)
@@ -61,7 +59,7 @@ def _reqs(reference, spec=SpecDecodeConfig()):
 def test_batched_equals_reference(engines, reference, spec):
     target, _ = engines
     results = target.generate(_reqs(reference, spec))
-    for (ids, ref), res in zip(reference, results):
+    for (_ids, ref), res in zip(reference, results, strict=False):
         assert res.token_ids == cut_at_eos(target, ref)
         assert res.finish_reason in ("length", "eos")
 

@@ -9,10 +9,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from lookahead_reasoning.production.engine_build import Command, WriteFile, main as build_main, plan_build, register
+from lookahead_reasoning.production.engine_build import Command, WriteFile, plan_build, register
+from lookahead_reasoning.production.engine_build import main as build_main
 from lookahead_reasoning.production.engine_specs import (
-    EngineSpec, dump_spec, llm_api_options, load_spec, spec_from_dict, with_runtime,
+    EngineSpec,
+    dump_spec,
+    llm_api_options,
+    load_spec,
+    spec_from_dict,
+    with_runtime,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,8 +250,8 @@ def test_real_fp8_build_of_a_tiny_model(tiny_model_dir, tmp_path):
     ck = out / "checkpoint"
     quant = json.loads((ck / "hf_quant_config.json").read_text())["quantization"]
     assert quant["quant_algo"] == "FP8" and "lm_head" in quant["exclude_modules"]
-    from safetensors import safe_open
     import torch
+    from safetensors import safe_open
 
     with safe_open(str(ck / "model.safetensors"), "pt") as f:
         w = f.get_tensor("model.layers.0.mlp.down_proj.weight")

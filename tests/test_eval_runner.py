@@ -8,15 +8,23 @@ import json
 import numpy as np
 import pytest
 import yaml
-
-from lookahead_reasoning.evaluation.answers import EvalItem, load_items
 from lookahead_reasoning.backends.portable import PortableEngine
-from lookahead_reasoning.evaluation.runner import (
-    ModeReport, bootstrap_speedup_ci, format_speedup, load_warning, measurement_block, plot_eval, report_json,
-    run_eval, run_gamma_sweep, run_mode, uses_chat_template,
-)
 from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions
 from lookahead_reasoning.core.verifiers import VerifierConfig
+from lookahead_reasoning.evaluation.answers import EvalItem, load_items
+from lookahead_reasoning.evaluation.runner import (
+    ModeReport,
+    bootstrap_speedup_ci,
+    format_speedup,
+    load_warning,
+    measurement_block,
+    plot_eval,
+    report_json,
+    run_eval,
+    run_gamma_sweep,
+    run_mode,
+    uses_chat_template,
+)
 
 OPTS = LROptions(judge=VerifierConfig(name="exact"), max_tokens=6, gamma=2)
 
@@ -127,7 +135,7 @@ def test_run_eval_warms_up_then_interleaves_modes_per_item_in_rotated_order(reas
     reasoner.calls.clear()
     reasoner.log.clear()
     reports = run_eval(reasoner, items, modes, OPTS, warmup_item=spare)
-    order = [(mode, _asked(call)) for (mode, _), call in zip(reasoner.log, reasoner.calls)]
+    order = [(mode, _asked(call)) for (mode, _), call in zip(reasoner.log, reasoner.calls, strict=False)]
     warm = [(m, _asked(spare.request(chat))) for m in modes]
     timed = [(m, _asked(it.request(chat))) for i, it in enumerate(items) for m in modes[i % 3:] + modes[:i % 3]]
     assert order == warm + timed  # item 0: ar, lr, lr+sd; item 1: lr, lr+sd, ar; item 2: lr+sd, ar, lr

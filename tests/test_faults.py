@@ -14,12 +14,10 @@ import time
 
 import pytest
 import tritonclient.http as httpclient
-
-from lookahead_reasoning.backends.triton_bls import role_stub_pids
-from lookahead_reasoning.serving.client import ServerError, TritonLRClient
-from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
-
 from conftest import scrape, start_server
+from lookahead_reasoning.backends.triton_bls import role_stub_pids
+from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
+from lookahead_reasoning.serving.client import ServerError, TritonLRClient
 
 pytestmark = pytest.mark.server
 # a held-out demo problem whose answer has several steps (longer than the token budgets below)

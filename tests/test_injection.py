@@ -13,15 +13,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
+from conftest import DEMO
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.core.judge_prompt import ASSISTANT_PREFILL, build_judge_ids
 from lookahead_reasoning.core.steps import Step
 from lookahead_reasoning.core.verifiers import LLMJudgeVerifier
-
 from lookahead_reasoning.evaluation.synthetic import JUDGE_EVAL_SEED, generate_same_number_pairs, generate_step_pairs
-
-from conftest import DEMO
 from test_demo_models import build_script
 
 TDM = build_script("train_demo_models")
@@ -92,6 +89,6 @@ def test_judge_rejects_injected_text_on_pairs_it_decides(judge):
     forms = {**TDM.INJECTIONS, **TDM.HELD_OUT_INJECTIONS}
     pairs = [(_step(a, judge), _step(form(a, b), judge)) for a, b in negatives for form in forms.values()]
     verdicts = asyncio.run(LLMJudgeVerifier(judge).verify(pairs))
-    accepted = [(p[1].text, v.reason) for p, v in zip(pairs, verdicts) if v.accept]
+    accepted = [(p[1].text, v.reason) for p, v in zip(pairs, verdicts, strict=False) if v.accept]
     assert accepted == []
     assert {v.reason for v in verdicts} == {"llm"}

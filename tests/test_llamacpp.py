@@ -28,7 +28,6 @@ import os
 
 import numpy as np
 import pytest
-
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 
 if os.environ.get("LOOKAHEAD_REQUIRE_LLAMACPP") == "1":
@@ -36,10 +35,9 @@ if os.environ.get("LOOKAHEAD_REQUIRE_LLAMACPP") == "1":
 else:
     pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed")
 
+from conftest import GSM8K_SAMPLE  # noqa: E402
 from lookahead_reasoning.backends.llamacpp import LlamaCppEngine, LlamaCppEngineConfig  # noqa: E402
 from lookahead_reasoning.profiles import PROFILES  # noqa: E402
-
-from conftest import GSM8K_SAMPLE  # noqa: E402
 
 MARGIN = 1.0  # logits; see the module docstring
 NEW = 32
@@ -98,8 +96,8 @@ def check_equivalent(outputs: list[list[int]], reference, eos=frozenset(), min_f
     margin is below MARGIN; an output may end early only at an EOS (the reference's token there too). At least
     ``min_fraction`` of the reference positions are compared."""
     compared = 0
-    for out, (ref, margins) in zip(outputs, reference):
-        d = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), None)
+    for out, (ref, margins) in zip(outputs, reference, strict=False):
+        d = next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), None)
         if d is not None:
             assert margins[d] < MARGIN, f"first difference at position {d}, where the plain run's margin is " \
                                         f"{margins[d]:.3f} (>= {MARGIN}): not batch variance"
@@ -135,7 +133,7 @@ def test_prefix_shared_matches_and_reuses_kv(engine, prompts, reference):
     engine.reset_prefix_cache()
     engine.generate(_reqs(prompts[:2]))  # their KV stays in cached sequences
     res = engine.generate(_reqs(prompts[:2]))
-    assert all(r.counters.prefill_tokens_cached == len(p) - 1 for r, p in zip(res, prompts))
+    assert all(r.counters.prefill_tokens_cached == len(p) - 1 for r, p in zip(res, prompts, strict=False))
     assert all(r.counters.prefill_tokens_computed == 1 for r in res)
     check_equivalent([r.token_ids for r in res], reference[:2], engine.eos_token_ids)
 
@@ -150,7 +148,7 @@ def test_branches_share_one_prefill(engine, prompts, reference):
     computed = sum(r.counters.prefill_tokens_computed for r in res)
     assert computed == len(branches[-1]) - 1 + 3  # the longest prefix once, plus each row's last token
     assert [r.counters.prefill_tokens_cached for r in res] == [len(b) - 1 for b in branches[:2]] + [0]
-    for j, r in zip((0, 4, 8), res):
+    for j, r in zip((0, 4, 8), res, strict=False):
         check_equivalent([ref[:j] + r.token_ids], [(ref[: j + 8], margins[: j + 8])], engine.eos_token_ids)
 
 
@@ -263,11 +261,10 @@ def test_triton_serves_the_llamacpp_profile_like_in_process(tmp_path_factory, qu
     """10 GSM8K questions through a real Triton server with the smollm2-llamacpp profile (role models on llama.cpp)
     equal the in-process reasoner's answers, in `ar` and in `lr` (requests one at a time on both sides, so each
     llama_decode holds the same tokens and batch variance cannot differ)."""
+    from conftest import start_server
     from lookahead_reasoning.evaluation.answers import load_items
     from lookahead_reasoning.profiles import build_reasoner, close_reasoner
     from lookahead_reasoning.serving.client import TritonLRClient
-
-    from conftest import start_server
 
     qs = [it.prompt for it in load_items(str(GSM8K_SAMPLE), 10)]
     server = start_server(tmp_path_factory, None, profile="smollm2-llamacpp")
@@ -280,7 +277,7 @@ def test_triton_serves_the_llamacpp_profile_like_in_process(tmp_path_factory, qu
     r = build_reasoner(PROFILES["smollm2-llamacpp"], need_judge=False)
     try:
         for m, outs in served.items():
-            for q, s in zip(qs, outs):
+            for q, s in zip(qs, outs, strict=False):
                 local = r.run(q, options=r.options(mode=m, max_tokens=48))
                 assert s.text == local.text, (m, q)
     finally:

@@ -8,10 +8,8 @@ import os
 import time
 
 import pytest
-
-from lookahead_reasoning.serving.client import TritonLRClient
-
 from conftest import scrape
+from lookahead_reasoning.serving.client import TritonLRClient
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -100,7 +98,7 @@ def test_cancelling_half_frees_engine_state(tiny_server):
 
     async def run_one(p, cancel: bool):
         got = 0
-        async for c in client.stream(p, max_tokens=400, mode="lr+sd"):
+        async for _c in client.stream(p, max_tokens=400, mode="lr+sd"):
             got += 1
             if cancel and got == 1:
                 return "cancelled"

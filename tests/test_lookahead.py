@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.core.errors import FieldError
 from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions, with_overrides

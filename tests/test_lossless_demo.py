@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import pytest
-
-from lookahead_reasoning.evaluation.answers import load_items
 from lookahead_reasoning.core.lookahead import with_overrides
-from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 from lookahead_reasoning.core.verifiers import VerifierConfig
+from lookahead_reasoning.evaluation.answers import load_items
+from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 
 pytestmark = pytest.mark.slow
 N = 50
@@ -34,7 +33,7 @@ def test_exact_judge_is_lossless_on_demo_trio(demo, reference, mode, async_mode)
     items, ar = reference
     opts = with_overrides(demo.defaults, mode=mode, async_mode=async_mode, judge=VerifierConfig(name="exact"))
     accepted = 0
-    for it, ref in zip(items, ar):
+    for it, ref in zip(items, ar, strict=False):
         res = demo.run(it.prompt, options=opts)
         assert res.token_ids == ref.token_ids, it.prompt
         accepted += res.metrics.accepted_steps

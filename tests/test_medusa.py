@@ -8,14 +8,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
+from conftest import DEMO, check_sampling_keeps_target_distribution, cut_at_eos, greedy_reference
 from lookahead_reasoning.backends.base import GenerationRequest, SpecDecodeConfig
 from lookahead_reasoning.backends.medusa import WEIGHTS, MedusaHeads
 from lookahead_reasoning.backends.portable import PortableEngine
-
-from conftest import DEMO, check_sampling_keeps_target_distribution, cut_at_eos, greedy_reference
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 MEDUSA = SpecDecodeConfig(method="medusa", num_speculative_tokens=3)
 DEMO_HEADS = DEMO / "target-medusa"
@@ -58,7 +56,7 @@ def test_medusa_greedy_equals_plain_decoding(setup):
     batched = eng.generate(reqs)
     single = [eng.generate([r])[0] for r in reqs]
     uncached = nocache.generate(reqs)
-    for (ids, want), a, b, c in zip(ref, batched, single, uncached):
+    for (_ids, want), a, b, c in zip(ref, batched, single, uncached, strict=False):
         assert a.token_ids == b.token_ids == c.token_ids == cut_at_eos(eng, want)
     drafted = sum(r.counters.drafted_tokens for r in batched)
     accepted = sum(r.counters.accepted_tokens for r in batched)
@@ -82,7 +80,7 @@ def test_a_fully_cached_prompt_still_proposes_from_its_first_step(setup):
 def test_medusa_and_plain_rows_share_a_batch(setup):
     _, eng, _, ref = setup
     reqs = [GenerationRequest(ids, 24, spec=MEDUSA if i % 2 else SpecDecodeConfig()) for i, (ids, _) in enumerate(ref)]
-    for (ids, want), res in zip(ref, eng.generate(reqs)):
+    for (_ids, want), res in zip(ref, eng.generate(reqs), strict=False):
         assert res.token_ids == cut_at_eos(eng, want)
 
 
@@ -138,10 +136,8 @@ def test_tensorrt_llm_medusa_spec_dry_run_accepts_the_heads(tiny_model_dir, tmp_
     random ones), passes a dry run of the legacy TensorRT-LLM build, whose conversion gets the heads folder and
     its head / block counts; a head count the folder lacks is refused by field name."""
     import yaml
-
-    from lookahead_reasoning.production.engine_build import main as build_main
-
     from conftest import REPO
+    from lookahead_reasoning.production.engine_build import main as build_main
 
     heads = DEMO_HEADS if (DEMO_HEADS / WEIGHTS).exists() else random_heads(str(tiny_model_dir), tmp_path / "h", 4)
     n = json.loads((heads / "config.json").read_text())["medusa_num_heads"]

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from lookahead_reasoning.model_refs import _gguf_key, cache_dir, locate, resolve
 from lookahead_reasoning.profiles import ENGINES_DIR, ModelSpec
 

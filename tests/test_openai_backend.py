@@ -8,16 +8,13 @@ naming the field (server side), and the server keeps serving.
 
 from __future__ import annotations
 
-
 import httpx
 import pytest
-
+from conftest import BAD_REQUESTS, DEMO, TEXTS, concurrent_outputs, cut_at_eos, greedy_reference
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
 from lookahead_reasoning.backends.openai_http import OpenAIEngine, OpenAIEngineConfig, completion_body
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.serving.engine_http import start_server
-
-from conftest import BAD_REQUESTS, DEMO, TEXTS, concurrent_outputs, cut_at_eos, greedy_reference
 
 MODELS = ["tiny", pytest.param("demo", marks=pytest.mark.skipif(not (DEMO / "target" / "config.json").exists(),
                                                                  reason="engines/demo/target not built yet"))]
@@ -57,7 +54,7 @@ def test_greedy_equals_portable_and_transformers(stack, reference):
     reqs = [GenerationRequest(ids, 24) for ids, _ in reference]
     via_http = client.generate(reqs)
     local = engine.generate(reqs)
-    for (ids, ref), h, loc in zip(reference, via_http, local):
+    for (_ids, ref), h, loc in zip(reference, via_http, local, strict=False):
         assert h.token_ids == loc.token_ids == cut_at_eos(engine, ref)
         assert h.finish_reason == loc.finish_reason
         assert h.text == loc.text

@@ -24,7 +24,6 @@ import time
 
 import httpx
 import pytest
-
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
 
 if os.environ.get("LOOKAHEAD_REQUIRE_LLAMACPP") == "1":
@@ -32,11 +31,10 @@ if os.environ.get("LOOKAHEAD_REQUIRE_LLAMACPP") == "1":
 else:
     pytest.importorskip("llama_cpp.server.app", reason="the llamacpp extra (with its server deps) is not installed")
 
+from conftest import BAD_REQUESTS, GSM8K_SAMPLE, concurrent_outputs  # noqa: E402
 from lookahead_reasoning.backends.openai_http import OpenAIEngine, OpenAIEngineConfig  # noqa: E402
 from lookahead_reasoning.profiles import PROFILES  # noqa: E402
 from lookahead_reasoning.serving.server import free_port  # noqa: E402
-
-from conftest import BAD_REQUESTS, GSM8K_SAMPLE, concurrent_outputs  # noqa: E402
 
 N_CTX = 2048
 NEW = 24
@@ -134,7 +132,7 @@ def test_server_tokenizes_the_sent_prompt_to_the_same_ids(client, server, prompt
 
 def test_greedy_equals_llama_cpp_python_in_process(client, prompts, local):
     results = client.generate([GenerationRequest(ids, NEW) for ids in prompts])
-    for ids, res in zip(prompts, results):
+    for ids, res in zip(prompts, results, strict=False):
         text, finish = local(_text(client, ids), NEW)
         assert res.text == text
         assert res.token_ids == client.encode(text)[:NEW] + ([client._eos_id] if finish == "stop" else [])

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
-
 from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
+from lookahead_reasoning.backends.role_tensors import arrays_to_requests, requests_to_arrays
 from lookahead_reasoning.core.lookahead import LROptions
 from lookahead_reasoning.profiles import Profile
-from lookahead_reasoning.backends.role_tensors import arrays_to_requests, requests_to_arrays
+from pydantic import ValidationError
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**7), st.floats(allow_nan=True),
                    st.text(max_size=8), st.lists(st.text(max_size=3), max_size=3))

@@ -7,11 +7,18 @@ import re
 from pathlib import Path
 
 import pytest
-
 from lookahead_reasoning.core.errors import FieldError
 from lookahead_reasoning.core.lookahead import LROptions, check_input
 from lookahead_reasoning.core.request import (
-    BY_NAME, FIELDS, TRITON_INPUTS, Limits, RequestError, canonical, parse_request, rename, translate,
+    BY_NAME,
+    FIELDS,
+    TRITON_INPUTS,
+    Limits,
+    RequestError,
+    canonical,
+    parse_request,
+    rename,
+    translate,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +36,7 @@ def test_committed_config_is_derived_from_the_request():
     text = CONFIG.read_text()
     inputs = _blocks(text, "input")
     assert [name for name, _, _ in inputs] == list(TRITON_INPUTS)
-    for (name, dtype, dims), f in zip(inputs, FIELDS):
+    for (name, dtype, dims), f in zip(inputs, FIELDS, strict=False):
         assert (name, dtype, dims) == (f.triton, "TYPE_" + f.dtype, "[ -1 ]" if f.many else "[ 1 ]")
     assert [n for n, _, _ in _blocks(text, "output")] == ["text_output", "metrics"]
     params = dict(re.findall(r'key: "(\w+)"\s+value: \{ string_value: "([^"]*)" \}', text))

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lookahead_reasoning.serving.client import TritonLRClient
-
 from conftest import start_server
+from lookahead_reasoning.serving.client import TritonLRClient
 
 MODELS = ("lookahead_reasoning", "target", "draft", "judge")
 

@@ -12,7 +12,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from lookahead_reasoning.evaluation.answers import load_items
 from lookahead_reasoning.profiles import ENGINES_DIR, build_reasoner, close_reasoner, load_profile
 
@@ -78,9 +77,8 @@ def test_committed_draft_is_small_and_shares_the_target_tokenizer(profile):
 
 
 def test_judge_verdict_tokens_work_with_smollm2(profile):
-    from transformers import AutoTokenizer
-
     from lookahead_reasoning.core.judge_prompt import build_judge_ids, verdict_token_ids
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(profile.judge.resolved_path())
     aligned, unaligned = verdict_token_ids(tok)

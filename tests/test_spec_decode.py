@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from lookahead_reasoning.backends.base import SamplingParams
 from lookahead_reasoning.backends.spec_decode import make_warpers, ngram_propose, verify
 

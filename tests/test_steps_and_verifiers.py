@@ -7,13 +7,20 @@ import asyncio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from lookahead_reasoning.core.lookahead import AdaptiveGamma, LROptions
 from lookahead_reasoning.core.calibration import CostModel
+from lookahead_reasoning.core.lookahead import AdaptiveGamma, LROptions
 from lookahead_reasoning.core.metrics import RequestMetrics, RoleCounters, iid_steps_per_cycle
 from lookahead_reasoning.core.steps import Step, StepConfig, split_reasoning, split_steps
-from lookahead_reasoning.core.verifiers import (NumericVerifier, RandomVerifier, VerifierConfig, equations, make_verifier,
-                                                normalize, numbers, same_arithmetic)
+from lookahead_reasoning.core.verifiers import (
+    NumericVerifier,
+    RandomVerifier,
+    VerifierConfig,
+    equations,
+    make_verifier,
+    normalize,
+    numbers,
+    same_arithmetic,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -65,7 +72,7 @@ def test_reasoning_stream_matches_split(parts, cuts, parser):
     text = "".join(parts)
     bounds = sorted({0, len(text), *[c % (len(text) + 1) for c in cuts]})
     stream, r, a = ReasoningStream(parser), "", ""
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
         dr, da = stream.feed(text[lo:hi])
         r, a = r + dr, a + da
     dr, da = stream.flush()

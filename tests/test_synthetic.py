@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from lookahead_reasoning.evaluation import synthetic as syn
 from lookahead_reasoning.evaluation.synthetic import Computation, extract_answer, parse_step, steps_equivalent
 
@@ -27,7 +26,7 @@ def check_problem(p: syn.Problem) -> None:
         available.add(2)
     if "triples" in p.question:
         available.add(3)
-    for step, comp in zip(p.steps, p.computations):
+    for step, comp in zip(p.steps, p.computations, strict=False):
         assert "\n" not in step and step == step.strip()
         parsed = parse_step(step)
         assert parsed is not None, step
@@ -89,7 +88,7 @@ def test_wording_is_a_function_of_the_problem_and_varies():
             assert syn.render_step(p.kinds[j], p.computations[j], p.context, frame, order, p.step_slots[j]) == p.steps[j]
     # commutative operands appear in both orders across problems
     swapped = sum(
-        1 for p in ps for s, c in zip(p.steps, p.computations)
+        1 for p in ps for s, c in zip(p.steps, p.computations, strict=False)
         if c.op in "+x" and parse_step(s).operands != c.operands
     )
     assert swapped > 50
@@ -128,7 +127,7 @@ def test_step_pairs_labels_and_balance():
     # hard negatives: some differ from their partner only in one digit
     one_digit = sum(
         1 for a, b, y in pairs
-        if not y and len(a) == len(b) and sum(x != z for x, z in zip(a, b)) == 1
+        if not y and len(a) == len(b) and sum(x != z for x, z in zip(a, b, strict=False)) == 1
     )
     assert one_digit > 50
     assert all(isinstance(a, str) and isinstance(b, str) and a.strip() == a for a, b, _ in pairs)
@@ -165,7 +164,7 @@ def check_long_problem(p: syn.Problem) -> None:
     assert " ".join(sp.sentence for sp in events) + " " in p.question + " "
     assert p.specs[0].value == len(events) - 1
     running = None
-    for i, (sp, text) in enumerate(zip(p.specs, p.steps)):
+    for _i, (sp, text) in enumerate(zip(p.specs, p.steps, strict=False)):
         assert "\n" not in text and text == text.strip()
         if sp.computation is not None:
             parsed = parse_step(text)
@@ -228,7 +227,7 @@ def test_long_step_pairs_cover_every_trace_kind():
     pairs = syn.generate_step_pairs(3000, seed=8, style="long")
     assert all(y == steps_equivalent(a, b) for a, b, y in pairs)
     by_kind: dict[str, list[bool]] = {}
-    for a, b, y in pairs:
+    for a, _b, y in pairs:
         by_kind.setdefault(syn.step_meaning(a)[0], []).append(y)
     for kind in ("calc", "check", "given", "summary", "plan", "conclude", "final"):
         labels = by_kind[kind]
@@ -244,7 +243,7 @@ def test_long_wording_is_a_lookup_by_kind_and_varies_across_problems():
     ps = syn.generate_problems(300, seed=91, style="long")
     frames: dict[str, set[int]] = {}
     for p in ps:
-        for i, (sp, text) in enumerate(zip(p.specs, p.steps)):
+        for i, (sp, text) in enumerate(zip(p.specs, p.steps, strict=False)):
             style = syn.step_style(p.context, i, sp.kind)
             assert style == syn.step_style(p.context, 0, sp.kind)  # the index plays no part
             assert syn.render_spec(sp, p.context, *style) == text
@@ -260,10 +259,10 @@ def test_the_draft_voice_says_the_same_in_other_words(style):
     b = syn.generate_problems(300, seed=17, style=style, voice=1)
     assert b == syn.generate_problems(300, seed=17, style=style, voice=1)
     same = total = 0
-    for p, q in zip(a, b):
+    for p, q in zip(a, b, strict=False):
         assert (p.question, p.answer, p.computations, p.specs) == (q.question, q.answer, q.computations, q.specs)
         assert q.context.voice == 1 and p.context.voice == 0
-        for s, t in zip(p.steps, q.steps):
+        for s, t in zip(p.steps, q.steps, strict=False):
             assert steps_equivalent(s, t), (s, t)
             same += s == t
             total += 1
@@ -290,8 +289,8 @@ def test_the_draft_voice_is_one_lookup_per_part_of_the_context():
         f1, o1 = syn.step_style(replace(c0, voice=1), 0, kind)
         return (f1 - f0) % 3, (o1 - o0) % 2
 
-    for n1, n2 in zip(names, names[1:]):
-        deltas = {tuple((a - b) % m for a, b, m in zip(shift(n2, it, k), shift(n1, it, k), (3, 2)))
+    for n1, n2 in zip(names, names[1:], strict=False):
+        deltas = {tuple((a - b) % m for a, b, m in zip(shift(n2, it, k), shift(n1, it, k), (3, 2), strict=False))
                   for it in items for k in kinds}
         assert len(deltas) == 1, (n1, n2, deltas)
 
@@ -317,7 +316,7 @@ def test_long_step_pairs_hold_event_negatives_and_every_kind_often():
     counts = {k: kinds.count(k) for k in set(kinds)}
     assert min(counts[k] for k in ("plan", "conclude", "final", "summary")) > 0.3 * counts["given"]
     event_negatives = [
-        (a, b) for (a, b, y), k in zip(pairs, kinds)
+        (a, b) for (a, b, y), k in zip(pairs, kinds, strict=False)
         if k == "given" and not y and syn.step_meaning(b)[0] == "given"
         and re.findall(r"\d+", a) == re.findall(r"\d+", b)]
     assert len(event_negatives) >= 10

@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams
-from lookahead_reasoning.backends.base import finish_generation, first_stop_end
+from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, finish_generation, first_stop_end
 from lookahead_reasoning.backends.trtllm import (
-    DECODING_CLASSES, gpu_environment, llm_constructor_args, sampling_kwargs,
+    DECODING_CLASSES,
+    gpu_environment,
+    llm_constructor_args,
+    sampling_kwargs,
 )
 from lookahead_reasoning.production.engine_specs import load_spec, spec_from_dict
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -75,7 +76,7 @@ class SpecDecodeConfig(BaseModel):
     prompt_lookup_min: int = Field(1, ge=1)
 
     @model_validator(mode="after")
-    def _check(self) -> "SpecDecodeConfig":
+    def _check(self) -> SpecDecodeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
         if self.method != "none" and self.num_speculative_tokens == 0:
@@ -153,7 +154,7 @@ class GenerationCounters:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
 
-    def add(self, other: "GenerationCounters") -> None:
+    def add(self, other: GenerationCounters) -> None:
         """Add ``other``'s counts (per-position lists element by element)."""
         for name in self.__dataclass_fields__:
             setattr(self, name, add_counts(getattr(self, name), getattr(other, name)))
@@ -200,7 +201,7 @@ class GenerationResult:
     text: str
     finish_reason: FinishReason
     counters: GenerationCounters = field(default_factory=GenerationCounters)
-    token_probs: "object | None" = None
+    token_probs: object | None = None
     stop_offsets: list[int] = field(default_factory=list)
 
 
@@ -231,7 +232,7 @@ class RequestGroup:
             the backend keeps them, the counters of the work it did), never with ``CancelledError``.
     """
 
-    def __init__(self, results: list["asyncio.Future[GenerationResult]"], cancel) -> None:
+    def __init__(self, results: list[asyncio.Future[GenerationResult]], cancel) -> None:
         self.results = results
         self._cancel = cancel
 
@@ -242,7 +243,7 @@ class RequestGroup:
             self._cancel(indices)
 
 
-def start_requests(engine: "Engine", requests: Sequence[GenerationRequest]) -> RequestGroup:
+def start_requests(engine: Engine, requests: Sequence[GenerationRequest]) -> RequestGroup:
     """Start ``requests`` on ``engine`` as a :class:`RequestGroup` (call from a running event loop).
 
     Backends with their own ``start`` (the portable engine: one group in one in-flight batch, per-request results

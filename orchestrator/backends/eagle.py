@@ -32,8 +32,8 @@ vLLM's default for the target (:func:`default_aux_layers`), as in vLLM.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from safetensors import SafetensorError
@@ -170,7 +170,7 @@ class Eagle3Head(nn.Module):
         feats = torch.zeros((rows, n, features[0].shape[1]), dtype=dt, device=dev)
         toks = torch.zeros((rows, n), dtype=torch.long, device=dev)
         real = torch.zeros((rows, n), dtype=torch.bool, device=dev)
-        for r, (f, t) in enumerate(zip(features, tokens)):  # right-aligned: every row's last position is n - 1
+        for r, (f, t) in enumerate(zip(features, tokens, strict=False)):  # right-aligned: every row's last position is n - 1
             feats[r, n - f.shape[0]:] = f.to(dt)
             toks[r, n - f.shape[0]:] = torch.tensor(t[-f.shape[0]:], dtype=torch.long)
             real[r, n - f.shape[0]:] = True
@@ -233,7 +233,7 @@ class Eagle3Head(nn.Module):
         return c
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, embed_tokens: torch.Tensor, target_layers: int) -> "Eagle3Head":
+    def from_pretrained(cls, folder: str | Path, embed_tokens: torch.Tensor, target_layers: int) -> Eagle3Head:
         """Load a head written by :meth:`save_pretrained` (or an EAGLE-3 checkpoint in the same layout) onto the
         target's input embedding ``embed_tokens [vocab, H]``; ``target_layers`` (the target's decoder layers) gives
         the default feature layers of a checkpoint that names none.

@@ -135,7 +135,7 @@ class BatchKVCache(Cache):
         """KV of one row's valid slots in slot order, ``[num_layers, 2, kv_heads, n_valid, head_dim]`` (a copy)."""
         idx = self.valid[row, : self.length].nonzero().squeeze(1)
         return torch.stack(
-            [torch.stack([k[row, :, idx], v[row, :, idx]]) for k, v in zip(self.keys, self.values)]
+            [torch.stack([k[row, :, idx], v[row, :, idx]]) for k, v in zip(self.keys, self.values, strict=False)]
         )
 
     def valid_counts(self) -> torch.Tensor:
@@ -164,7 +164,7 @@ class BatchKVCache(Cache):
                         max(slot_cap, 2 * target + 16), shift=shift)
         self.length = target
         indices = []
-        for r, n in zip(rows, lengths):
+        for r, n in zip(rows, lengths, strict=False):
             i = self.rows
             self.valid[i].zero_()
             if n:

@@ -41,7 +41,6 @@ import time
 from collections import OrderedDict
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from .base import GenerationRequest, validate_request
@@ -313,7 +312,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             have[-1] = len(shared)
             extra = [(host.kv_seq, shared)]
         jobs = []
-        for i, (s, p) in enumerate(zip(new, prefixes)):
+        for i, (s, p) in enumerate(zip(new, prefixes, strict=False)):
             n = self._fill_from_holders(s.kv_seq, p, have[i], extra if s is not new[-1] else ())
             s.counters.prefill_tokens_cached += n - have[i]
             s.counters.prefill_tokens_computed += len(p) - n + 1  # + the last prompt token, fed by the first step
@@ -344,7 +343,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         tokens: list[int] = []
         pos: list[int] = []
         ids: list[int] = []
-        for s, (p, _) in zip(seqs, props):
+        for s, (p, _) in zip(seqs, props, strict=False):
             base = len(s.tokens) - 1
             tokens.append(s.tokens[-1])
             tokens.extend(p)

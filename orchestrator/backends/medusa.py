@@ -22,8 +22,8 @@ vocabulary projection, and ``DIR/config.json`` with ``medusa_num_heads`` and ``m
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from safetensors import SafetensorError
@@ -98,7 +98,7 @@ class MedusaHeads(nn.Module):
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path) -> "MedusaHeads":
+    def from_pretrained(cls, folder: str | Path) -> MedusaHeads:
         """Load heads written by :meth:`save_pretrained` (or by FasterDecoding/Medusa's trainer).
 
         Raises:

@@ -32,8 +32,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import GenerationRequest, check_gpu_mode, validate_request
-from .kv_cache import BatchKVCache, PrefixCache
 from .eagle import Eagle3Head, Eagle3Proposer
+from .kv_cache import BatchKVCache, PrefixCache
 from .medusa import MedusaHeads, MedusaProposer
 from .model_runner import DtypeChoice, ModelRunner
 from .scheduler import BatchScheduler, Seq
@@ -80,7 +80,7 @@ class PortableEngineConfig(BaseModel):
                                              "per-call Python overhead; start-up takes seconds to minutes longer")
 
     @model_validator(mode="after")
-    def _check_gpu_mode(self) -> "PortableEngineConfig":
+    def _check_gpu_mode(self) -> PortableEngineConfig:
         check_gpu_mode(self.static_cache, self.cuda_graphs, self.device, self.compile)
         return self
 
@@ -102,7 +102,7 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
     name = "portable"
     supports_stop_count = True  # GenerationRequest.stop_count > 1: several steps in one call
 
-    def __init__(self, config: PortableEngineConfig, draft_engine: "PortableEngine | None" = None,
+    def __init__(self, config: PortableEngineConfig, draft_engine: PortableEngine | None = None,
                  model=None) -> None:
         self.config = config
         self.draft_engine = draft_engine
@@ -179,7 +179,7 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
         return self.runner.dtype_choice
 
     @classmethod
-    def from_pretrained(cls, model: str, draft_engine: "PortableEngine | None" = None, **kwargs) -> "PortableEngine":
+    def from_pretrained(cls, model: str, draft_engine: PortableEngine | None = None, **kwargs) -> PortableEngine:
         """Shorthand for ``PortableEngine(PortableEngineConfig(model=model, **kwargs))``."""
         return cls(PortableEngineConfig(model=model, **kwargs), draft_engine=draft_engine)
 
@@ -226,19 +226,19 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
         # their last prefilled token, so that token is always computed, never served whole from the prefix cache.
         feat = [s.req.spec.method in self._feature_cols for s in new]
         matched: list[tuple[int, torch.Tensor | None]] = []
-        for s, p, m in zip(new, prefixes, feat):
+        for s, p, m in zip(new, prefixes, feat, strict=False):
             n, kv = self.prefix_cache.match(p, max(0, len(p) - m)) if use_cache else (0, None)
             matched.append((n, kv))
             s.counters.prefill_tokens_cached += n
         group = self.runner.new_cache()
         rows = group.add_rows([kv for _, kv in matched])
-        suffixes = [list(p[n:]) for p, (n, _) in zip(prefixes, matched)]
+        suffixes = [list(p[n:]) for p, (n, _) in zip(prefixes, matched, strict=False)]
         width = max(len(x) for x in suffixes)
         if width:
             ids = torch.full((len(new), width), self._pad, dtype=torch.long)
             pos = torch.zeros((len(new), width), dtype=torch.long)
             real = torch.zeros((len(new), width), dtype=torch.bool)
-            for r, (suf, (n, _)) in enumerate(zip(suffixes, matched)):
+            for r, (suf, (n, _)) in enumerate(zip(suffixes, matched, strict=False)):
                 ids[r, : len(suf)] = torch.tensor(suf, dtype=torch.long)
                 pos[r] = torch.arange(n, n + width)
                 real[r, : len(suf)] = True
@@ -248,7 +248,7 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
                 if feat[r] and suf:  # columns 0 .. len(suf) - 1 are positions n .. len(prefix) - 1 = tokens[-2]
                     new[r].features = hidden[r, max(0, len(suf) - self._feature_window): len(suf)].clone()
         if use_cache:
-            for r, (s, p) in enumerate(zip(new, prefixes)):
+            for r, (s, p) in enumerate(zip(new, prefixes, strict=False)):
                 if len(p) - matched[r][0] >= self.config.block_size:
                     self.prefix_cache.insert(p, group.row_kv(rows[r]))
         for s in new:

@@ -45,8 +45,8 @@ from __future__ import annotations
 import hmac
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Sequence
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
             lengths = np.array([int((row >= 0).sum()) for row in ids])
         if lengths.shape != (ids.shape[0],):
             raise ValueError("input_lengths: must have one length per row of input_ids")
-        prompts = [tuple(int(t) for t in row[: int(n)]) for row, n in zip(ids, lengths)]
+        prompts = [tuple(int(t) for t in row[: int(n)]) for row, n in zip(ids, lengths, strict=False)]
     elif texts is not None:
         if encode is None:
             raise ValueError("text_input: this model cannot encode text")

@@ -18,9 +18,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -39,7 +39,7 @@ class _Group:
     results: list[GenerationResult | None]
     remaining: int
     items: list[Future] = field(default_factory=list)
-    seqs: list["Seq"] = field(default_factory=list)
+    seqs: list[Seq] = field(default_factory=list)
     cancelled: bool = False
 
 
@@ -173,7 +173,7 @@ class BatchScheduler(FutureEngineMixin):
         """
         loop = asyncio.get_running_loop()
         fut = self.submit(requests)
-        items = [asyncio.wrap_future(f, loop=loop) for f in getattr(fut, "group").items] if requests else []
+        items = [asyncio.wrap_future(f, loop=loop) for f in fut.group.items] if requests else []
         return RequestGroup(items, lambda idx: self.cancel(fut, idx))
 
     def close(self) -> None:
@@ -270,7 +270,7 @@ class BatchScheduler(FutureEngineMixin):
             features = s.features[:, cols] if cols is not None and s.features is not None else None
             groups.setdefault(spec.method, []).append((r, ProposalRow(s.tokens, room, spec, sampling, features)))
         for method, rows in groups.items():
-            for (r, _), prop in zip(rows, self._proposers[method].propose([row for _, row in rows])):
+            for (r, _), prop in zip(rows, self._proposers[method].propose([row for _, row in rows]), strict=False):
                 props[r] = (prop.tokens, prop.probs)
         return props
 
@@ -279,7 +279,7 @@ class BatchScheduler(FutureEngineMixin):
         proposals (padded with ``self._pad``), ``real`` marks the fed slots and ``pos`` holds their positions."""
         n_props = torch.tensor([len(p) for p, _ in props])
         ids = torch.tensor([[s.tokens[-1]] + p + [self._pad] * (width - 1 - len(p))  # type: ignore[attr-defined]
-                            for s, (p, _) in zip(self._running, props)], dtype=torch.long)
+                            for s, (p, _) in zip(self._running, props, strict=False)], dtype=torch.long)
         cols = torch.arange(width)
         real = cols[None] <= n_props[:, None]
         pos = torch.tensor([len(s.tokens) - 1 for s in self._running])[:, None] + cols[None]
@@ -310,9 +310,9 @@ class BatchScheduler(FutureEngineMixin):
         accepted = greedy_accepted(ids[:, 1:], real[:, 1:], best[:, :-1]).tolist() if greedy else [0] * b
         best = best.tolist() if greedy else None
         sampled = [r for r, s in enumerate(seqs) if not s.req.sampling.greedy]
-        sampled_logits = dict(zip(sampled, logits[sampled].float().cpu())) if sampled else {}
+        sampled_logits = dict(zip(sampled, logits[sampled].float().cpu(), strict=False)) if sampled else {}
         kept, finished = [0] * b, []
-        for r, (s, (p, q)) in enumerate(zip(seqs, props)):
+        for r, (s, (p, q)) in enumerate(zip(seqs, props, strict=False)):
             if s.req.sampling.greedy:
                 acc = accepted[r]
                 verdict = (acc, p[:acc] + [best[r][acc]], None)
@@ -342,7 +342,7 @@ class BatchScheduler(FutureEngineMixin):
         best = logits.argmax(-1).tolist() if any(s.req.sampling.greedy for s in seqs) else None
         kept, finished = [0] * len(seqs), []
         a = 0
-        for r, (s, (p, q)) in enumerate(zip(seqs, props)):
+        for r, (s, (p, q)) in enumerate(zip(seqs, props, strict=False)):
             k = len(p)
             if s.req.sampling.greedy:
                 row = best[a:a + k + 1]

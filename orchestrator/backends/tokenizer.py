@@ -6,7 +6,7 @@ Hugging Face tokenizer and config from a local checkpoint folder so the orchestr
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class TokenizerAccess:

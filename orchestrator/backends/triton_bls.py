@@ -23,12 +23,13 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from .role_tensors import arrays_to_results, internal_parameters, requests_to_arrays
 from .base import GenerationRequest, GenerationResult, check_stop_fields
+from .role_tensors import arrays_to_results, internal_parameters, requests_to_arrays
 from .tokenizer import TokenizerAccess
 
 OUTPUTS = ["output_ids", "output_lengths", "text_output", "finish_reason", "counters", "stop_offsets"]
@@ -274,7 +275,7 @@ class TritonBLSEngine(TokenizerAccess):
                     t = pb.get_output_tensor_by_name(resp, name)
                     return None if t is None else t.as_numpy()
 
-                for i, res in zip(idx, arrays_to_results(get)):
+                for i, res in zip(idx, arrays_to_results(get), strict=False):
                     out[i] = res
         finally:
             self.in_flight -= len(requests)

@@ -31,8 +31,14 @@ import time
 from typing import Any
 
 from ..production.engine_specs import EngineSpec, llm_api_options
-from .base import (LoopThreadEngine, GenerationCounters, GenerationRequest, GenerationResult, finish_generation,
-                   first_stop_end)
+from .base import (
+    GenerationCounters,
+    GenerationRequest,
+    GenerationResult,
+    LoopThreadEngine,
+    finish_generation,
+    first_stop_end,
+)
 from .tokenizer import TokenizerAccess
 
 #: LLM-API decoding_type -> class names in ``tensorrt_llm.llmapi`` (first one present is used; EAGLE3

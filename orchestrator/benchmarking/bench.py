@@ -38,8 +38,8 @@ import asyncio
 import math
 import sys
 import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
@@ -502,8 +502,8 @@ def cmd_bench(args) -> int:
     """The ``bench`` handler: validate, run against the server, write JSON, plots and the summary."""
     from pathlib import Path
 
-    from .bench_report import environment, export_genai_perf, plot_bench, write_summary
     from ..evaluation.runner import load_with_spare, write_json
+    from .bench_report import environment, export_genai_perf, plot_bench, write_summary
 
     config = config_from_args(args)
     items, spare = load_with_spare(args.dataset, config.requests)  # the spare item (if any) is the warm-up's

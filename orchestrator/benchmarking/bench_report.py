@@ -100,7 +100,7 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
     widths = [0.8 + 1.6 * (i + 1) / max(1, len(loads)) for i in range(len(loads))]  # thicker = higher load
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.4))
-    for ax, (metric, label) in zip(axes, panels):
+    for ax, (metric, label) in zip(axes, panels, strict=False):
         for r in runs:
             vals = sorted(v for v in r.get("samples_ms", {}).get(metric, []) if v is not None)
             if not vals:
@@ -130,7 +130,7 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
             ax.legend(fontsize=8)
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.4))
-    for ax, (metric, label) in zip(axes, panels):
+    for ax, (metric, label) in zip(axes, panels, strict=False):
         for mode in modes:
             rs = [r for r in runs if r["mode"] == mode and r.get(f"{metric}_ms", {}).get("mean") is not None]
             if not rs:
@@ -162,7 +162,7 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
                 color=colour, linestyle=style, marker=marker, label=mode)
         sp = [(r[key], r["speedup_vs_ar"]) for r in rs if r.get("speedup_vs_ar") is not None]
         if mode != "ar" and sp:
-            a2.plot(*zip(*sp), color=colour, linestyle=style, marker=marker, label=mode)
+            a2.plot(*zip(*sp, strict=False), color=colour, linestyle=style, marker=marker, label=mode)
     a1.set_ylabel("goodput (requests/s meeting all SLOs)" if has_slo else "requests/s (no SLO given)")
     a2.set_ylabel("speedup vs ar (output tokens/s; one run per point)")
     a2.axhline(1.0, color="gray", linewidth=0.8)

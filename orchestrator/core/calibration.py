@@ -102,7 +102,7 @@ def _interpolate(points: dict, x: float, start: tuple[float, float] = (1, 1.0)) 
     pts = sorted({start[0]: start[1], **points}.items())
     if x <= pts[0][0] or len(pts) == 1:
         return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     (x0, y0), (x1, y1) = pts[-2], pts[-1]

@@ -31,17 +31,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Literal, Sequence, get_args
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
-from ..backends.base import (Engine, GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig,
-                             start_requests)
+from ..backends.base import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    SpecDecodeConfig,
+    start_requests,
+)
 from .errors import FieldError, from_validation
 from .metrics import RequestMetrics
 from .steps import ReasoningParser, Step, StepConfig
-from .verifiers import VerifierConfig, Verifier, make_verifier, timed_verify
+from .verifiers import Verifier, VerifierConfig, make_verifier, timed_verify
 
 Mode = Literal["ar", "sd", "lr", "lr+sd"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -89,7 +96,7 @@ class LROptions(BaseModel):
     target_timeout_s: float | None = Field(None, gt=0, description="per target call; a timeout is an error")
 
     @model_validator(mode="after")
-    def _check(self) -> "LROptions":
+    def _check(self) -> LROptions:
         if self.gamma > self.max_gamma:
             raise ValueError(f"gamma: {self.gamma} exceeds max_gamma {self.max_gamma}")
         if self.speculative and self.gamma < 1:
@@ -495,7 +502,7 @@ class _Run:
 
     def _target_requests(self, prefixes: list[list[int]], budgets: list[int]) -> list[GenerationRequest]:
         spec = SpecDecodeConfig() if self.overloaded else self.opts.target_sd
-        return [self._request(p, b, spec, self._target_sampling(len(p))) for p, b in zip(prefixes, budgets)]
+        return [self._request(p, b, spec, self._target_sampling(len(p))) for p, b in zip(prefixes, budgets, strict=False)]
 
     async def _target_steps(self, prefixes: list[list[int]], budgets: list[int]) -> list[Step]:
         reqs = self._target_requests(prefixes, budgets)
@@ -754,7 +761,7 @@ class _Run:
         depths = min(len(prefixes), len(chain))
         pairs = [(i, d) for i in range(depths) for d in candidates[i] if d.complete]
         verdicts = await self._verify([(self._step_of(results[i]), d) for i, d in pairs]) if pairs else []
-        ok = {id(d) for (_, d), v in zip(pairs, verdicts) if v.accept}
+        ok = {id(d) for (_, d), v in zip(pairs, verdicts, strict=False) if v.accept}
         events: list[StepEvent] = []
         accepted = 0
         for i in range(depths):

@@ -129,7 +129,7 @@ class RoleCounters:
             self.lookup_tokens += c.prefill_tokens_computed + c.prefill_tokens_cached
             self.cached_tokens += c.prefill_tokens_cached
 
-    def merge(self, other: "RoleCounters") -> None:
+    def merge(self, other: RoleCounters) -> None:
         """Add ``other``'s counts and times (per-position lists element by element)."""
         for f in fields(self):
             setattr(self, f.name, add_counts(getattr(self, f.name), getattr(other, f.name)))
@@ -244,7 +244,7 @@ class RequestMetrics:
             raise ValueError("cycle cost must be > 0")
         return steps * (self.generated_tokens / self.steps) / total
 
-    def merge(self, other: "RequestMetrics") -> None:
+    def merge(self, other: RequestMetrics) -> None:
         """Add ``other``'s counts and times to this one (a run's totals; rates are then recomputed from them).
         Labels (``mode``, ``sd_method``) are taken from ``other`` while still at their defaults; the
         per-request ``ttft_seconds`` and ``speedup_estimate`` stay None in a total."""
@@ -261,7 +261,7 @@ class RequestMetrics:
                 setattr(self, f.name, add_counts(a, b))
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RequestMetrics":
+    def from_dict(cls, data: dict) -> RequestMetrics:
         """The inverse of :meth:`to_dict` (derived keys such as ``tokens_per_s`` and unknown keys ignored).
 
         Raises:

@@ -23,8 +23,9 @@ import asyncio
 import hashlib
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence, get_args
+from typing import Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -161,7 +162,7 @@ class _Semantic:
                 todo.append(i)
         if todo:
             judged = await self._judge([pairs[i] for i in todo])
-            for i, v in zip(todo, judged):
+            for i, v in zip(todo, judged, strict=False):
                 out[i] = v
         return out  # type: ignore[return-value]
 

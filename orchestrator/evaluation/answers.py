@@ -221,7 +221,7 @@ _UNITS = re.compile(r"(\S*?[\d}])\s+(?:[A-Za-z]{2,}\.?(?:\s*\^\{?\d\}?)?\s*)+")
 
 def _unwrap(s: str) -> str:
     """``\\text{ cm}`` -> `` cm `` (content with spaces around) for the commands of ``_UNWRAP``."""
-    pat = re.compile(r"\\(?:%s)\s*\{" % "|".join(_UNWRAP))
+    pat = re.compile(r"\\(?:{})\s*\{{".format("|".join(_UNWRAP)))
     while (m := pat.search(s)) is not None:
         got = _braced(s, m.end() - 1)
         if got is None:
@@ -352,7 +352,7 @@ def math_equal(pred: str | None, ref: str) -> bool:
         return abs(va - vb) <= 1e-6 * max(1.0, abs(vb))
     ta, tb = _split_tuple(a), _split_tuple(b)
     if ta and tb and ta[0] == tb[0] and len(ta[1]) == len(tb[1]):
-        return all(math_equal(x, y) for x, y in zip(ta[1], tb[1]))
+        return all(math_equal(x, y) for x, y in zip(ta[1], tb[1], strict=False))
     return False
 
 

@@ -114,13 +114,26 @@ def cmd_eval(args) -> int:
 
     from ..benchmarking.bench_report import environment
     from ..core.calibration import calibrate_reasoner
-    from .runner import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, INTERLEAVED_ORDER, PREFIX_CACHE_NOTE,
-                         WARMUP_REQUESTS, gamma_row,
-                         load_average, load_with_spare, measurement_block, plot_eval, report_json, run_interleaved,
-                         sweep_options, uses_chat_template, write_json)
     from ..core.lookahead import parse_modes
-    from ..profiles import build_reasoner_for, close_reasoner, load_profile
     from ..core.request import Limits, parse_request, request_values
+    from ..profiles import build_reasoner_for, close_reasoner, load_profile
+    from .runner import (
+        BOOTSTRAP_RESAMPLES,
+        BOOTSTRAP_SEED,
+        INTERLEAVED_ORDER,
+        PREFIX_CACHE_NOTE,
+        WARMUP_REQUESTS,
+        gamma_row,
+        load_average,
+        load_with_spare,
+        measurement_block,
+        plot_eval,
+        report_json,
+        run_interleaved,
+        sweep_options,
+        uses_chat_template,
+        write_json,
+    )
 
     load_start = load_average()  # before this process loads the CPU: the 1-minute average counts it too
 

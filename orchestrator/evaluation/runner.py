@@ -29,16 +29,16 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .answers import check_answer, load_items, EvalItem
 from ..core.lookahead import LookaheadReasoner, LROptions, with_overrides
 from ..core.metrics import RequestMetrics
 from ..core.steps import split_steps
+from .answers import EvalItem, check_answer, load_items
 
 #: Bootstrap resamples and seed of :func:`bootstrap_speedup_ci` (fixed, so a report is reproducible).
 BOOTSTRAP_RESAMPLES = 2000
@@ -110,9 +110,9 @@ class ModeReport:
     @property
     def acceptance_by_depth(self) -> list[float | None]:
         t = self.totals
-        return [a / v if v else None for a, v in zip(t.accepted_by_depth, t.verified_by_depth)]
+        return [a / v if v else None for a, v in zip(t.accepted_by_depth, t.verified_by_depth, strict=False)]
 
-    def estimate(self, ar: "ModeReport | None" = None, **kw) -> float | None:
+    def estimate(self, ar: ModeReport | None = None, **kw) -> float | None:
         """The speed model's prediction of ``speedup_vs_ar``: equation (1) of :mod:`..core.metrics` on this run's totals
         divided by equation (1)
         for ``ar``, the ``ar`` run on the same items (both charge the prompts' prefill, so an ``ar`` run is
@@ -122,11 +122,11 @@ class ModeReport:
         base = ar.totals.estimate(ar.cost_model) if ar is not None else None
         return est / base if est is not None and base else est
 
-    def speedup_vs(self, ar: "ModeReport | None") -> float | None:
+    def speedup_vs(self, ar: ModeReport | None) -> float | None:
         """This run's output tokens/s over ``ar``'s (dimensionless); None without ``ar`` or if it made none."""
         return self.tokens_per_s / ar.tokens_per_s if ar is not None and ar.tokens_per_s else None
 
-    def solved_changes(self, ar: "ModeReport | None") -> dict[str, int] | None:
+    def solved_changes(self, ar: ModeReport | None) -> dict[str, int] | None:
         """``{"lost", "gained"}``: items graded in both runs that ``ar`` answered correctly and this run did not, and
         the reverse (paired by item index); None without ``ar``."""
         if ar is None:
@@ -142,7 +142,7 @@ class ModeReport:
                 "seconds": [s for _, _, s in self.per_item],
                 "correct": [self.item_correct.get(i) for i, _, _ in self.per_item]}
 
-    def speedup_ci(self, ar: "ModeReport | None", resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+    def speedup_ci(self, ar: ModeReport | None, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                    level: float = 0.95) -> list[float] | None:
         """``[lo, hi]``, the ``level`` paired-bootstrap interval of :meth:`speedup_vs` over the items both runs
         measured (paired by item index, see :func:`bootstrap_speedup_ci`); None without ``ar`` or shared
@@ -153,7 +153,7 @@ class ModeReport:
         pairs = [(t, s, *theirs[i]) for i, t, s in self.per_item if i in theirs]
         if not pairs:
             return None
-        tok, sec, ar_tok, ar_sec = (np.asarray(x, dtype=float) for x in zip(*pairs))
+        tok, sec, ar_tok, ar_sec = (np.asarray(x, dtype=float) for x in zip(*pairs, strict=False))
         return bootstrap_speedup_ci(tok, sec, ar_tok, ar_sec, resamples=resamples, seed=seed, level=level)
 
 
@@ -475,14 +475,14 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     fig, axes = plt.subplots(1, len(docs), figsize=(5 * len(docs), 4), squeeze=False)
-    for ax, doc in zip(axes[0], docs):
+    for ax, doc in zip(axes[0], docs, strict=False):
         for mode, row in doc["modes"].items():
             acc = row.get("acceptance_by_depth") or []
             n = row.get("verified_by_depth") or [0] * len(acc)
             pts = [(d, a, (a * (1 - a) / n[d]) ** 0.5 if n[d] else 0.0) for d, a in enumerate(acc) if a is not None]
             if pts:
                 colour, line, marker = mode_style(mode)
-                d, a, err = zip(*pts)
+                d, a, err = zip(*pts, strict=False)
                 ax.errorbar(d, a, yerr=err, color=colour, linestyle=line, marker=marker, capsize=3, label=mode)
         finish(ax, title=f"{doc['dataset']} (n={doc['n']})", xlabel="draft depth j (0 = first drafted step)",
                ylabel="step acceptance rate", ylim=(0, 1.05))
@@ -493,18 +493,18 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
     sweeps = [d for d in docs if d.get("gamma_sweep")]
     if sweeps:
         fig, axes = plt.subplots(1, len(sweeps), figsize=(5 * len(sweeps), 4), squeeze=False)
-        for ax, doc in zip(axes[0], sweeps):
+        for ax, doc in zip(axes[0], sweeps, strict=False):
             for mode, rows in doc["gamma_sweep"].items():
                 colour, line, marker = mode_style(mode)
                 g = [r["gamma"] for r in rows]
                 y = [r["speedup_vs_ar"] for r in rows]
-                cis = [r.get("speedup_vs_ar_ci95") or [v, v] for r, v in zip(rows, y)]
-                err = [[v - lo for v, (lo, _) in zip(y, cis)], [hi - v for v, (_, hi) in zip(y, cis)]]
+                cis = [r.get("speedup_vs_ar_ci95") or [v, v] for r, v in zip(rows, y, strict=False)]
+                err = [[v - lo for v, (lo, _) in zip(y, cis, strict=False)], [hi - v for v, (_, hi) in zip(y, cis, strict=False)]]
                 ax.errorbar(g, y, yerr=err, color=colour, linestyle=line, marker=marker, capsize=3,
                             label=f"{mode} measured (95% CI)")
                 est = [(r["gamma"], r["speedup_estimate"]) for r in rows if r.get("speedup_estimate") is not None]
                 if est:
-                    ax.plot(*zip(*est), ":", color=colour, marker=marker, fillstyle="none",
+                    ax.plot(*zip(*est, strict=False), ":", color=colour, marker=marker, fillstyle="none",
                             label=f"{mode} estimate")
             ax.axhline(1.0, color="gray", linewidth=0.8)
             finish(ax, title=doc["dataset"], xlabel="gamma (lookahead depth)", ylabel="speedup vs ar (tokens/s)")

@@ -26,8 +26,9 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from ..core.steps import THINK_CLOSE
 
@@ -181,7 +182,7 @@ class StepSpec:
     computation: Computation | None = None
     value: int | None = None
     sentence: str = ""
-    slots: "_StepSlots" = field(default=None)  # type: ignore[assignment]
+    slots: _StepSlots = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.slots is None:
@@ -223,7 +224,7 @@ class Problem:
         return tuple(sp.kind for sp in self.specs)
 
     @property
-    def step_slots(self) -> tuple["_StepSlots", ...]:
+    def step_slots(self) -> tuple[_StepSlots, ...]:
         """The extra frame words of each step (``specs[i].slots``)."""
         return tuple(sp.slots for sp in self.specs)
 
@@ -239,7 +240,7 @@ class Problem:
         """The final line, ``"#### N"``."""
         return ANSWER_PREFIX + str(self.answer)
 
-    def in_voice(self, voice: int) -> "Problem":
+    def in_voice(self, voice: int) -> Problem:
         """The same problem with every step worded by ``voice`` (:data:`VOICES` index; :func:`step_style`): the
         question, answer and step meanings are unchanged. ``generate_problems(..., voice=v)`` equals
         ``generate_problems(..., voice=0)`` re-worded so.
@@ -725,7 +726,7 @@ def _generate_one(rng: random.Random, difficulty: int, style: str = "short", voi
         }[scenario]
     bld.sentences.append(question_tail)
 
-    calcs = [StepSpec(k, c, slots=sl) for k, c, sl in zip(bld.kinds, bld.comps, bld.slots)]
+    calcs = [StepSpec(k, c, slots=sl) for k, c, sl in zip(bld.kinds, bld.comps, bld.slots, strict=False)]
     specs = calcs if style == "short" else _trace_specs(bld, calcs)
     steps = _render_steps(specs, ctx, style)
     return Problem(
@@ -734,7 +735,7 @@ def _generate_one(rng: random.Random, difficulty: int, style: str = "short", voi
     )
 
 
-def _trace_specs(bld: "_Builder", calcs: list[StepSpec]) -> list[StepSpec]:
+def _trace_specs(bld: _Builder, calcs: list[StepSpec]) -> list[StepSpec]:
     """The long style's steps: a plan; per event its restated sentence, its computation(s), a check of the
     event's last computation (the inverse operation) and the running value; a conclusion, ``</think>`` and
     the final answer sentence."""
@@ -987,7 +988,7 @@ def generate_same_number_pairs(n: int, seed: int, style: str = "long") -> list[S
         prob = _generate_one(rng, DIFFICULTIES[rng.randrange(len(DIFFICULTIES))], style)
         # steps without a computation: an equation's operands and result already tell computations apart
         nums = [frozenset(re.findall(r"\d+", s)) if spec.computation is None else frozenset()
-                for s, spec in zip(prob.steps, prob.specs)]
+                for s, spec in zip(prob.steps, prob.specs, strict=False)]
         same = [(i, j) for i in range(len(nums)) for j in range(len(nums)) if i != j and nums[i] and nums[i] == nums[j]]
         if not same:
             continue

@@ -149,7 +149,7 @@ def _serve_script(spec: EngineSpec, model: str, extra: list[str]) -> str:
 
 def _model_specs(spec: EngineSpec, model: str) -> str:
     """Profile entries (:class:`~lookahead_reasoning.profiles.ModelSpec`) for this role."""
-    spec_file = str((spec.build_dir() / "engine_spec.yaml"))
+    spec_file = str(spec.build_dir() / "engine_spec.yaml")
     doc = {
         "in_process_trtllm": {"path": model, "runtime": "trtllm", "spec": spec_file},
         "openai_client": {"path": model, "runtime": "openai", "url": f"http://127.0.0.1:{spec.port}",

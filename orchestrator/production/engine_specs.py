@@ -41,7 +41,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -121,7 +121,7 @@ class LimitsSpec(_Strict):
     max_num_tokens: int = Field(8192, ge=1, description="tokens per engine iteration (all sequences)")
 
     @model_validator(mode="after")
-    def _check(self) -> "LimitsSpec":
+    def _check(self) -> LimitsSpec:
         if self.max_input_len >= self.max_seq_len:
             raise ValueError(f"limits.max_input_len: {self.max_input_len} must be < max_seq_len {self.max_seq_len}")
         return self
@@ -195,7 +195,7 @@ class MedusaDrafting(_Strict):
 
 
 Drafting = Annotated[
-    Union[NoDrafting, NGramDrafting, Eagle3Drafting, DraftTargetDrafting, MedusaDrafting],
+    NoDrafting | NGramDrafting | Eagle3Drafting | DraftTargetDrafting | MedusaDrafting,
     Field(discriminator="method"),
 ]
 
@@ -220,7 +220,7 @@ class CudaGraphSpec(_Strict):
     enable_padding: bool = True
 
     @model_validator(mode="after")
-    def _check(self) -> "CudaGraphSpec":
+    def _check(self) -> CudaGraphSpec:
         if self.batch_sizes is not None:
             if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
                 raise ValueError("cuda_graphs.batch_sizes: must be a non-empty list of sizes >= 1")
@@ -273,7 +273,7 @@ class EngineSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _combinations(self) -> "EngineSpec":
+    def _combinations(self) -> EngineSpec:
         method = self.drafting.method
         allowed = DRAFTING_RUNTIMES[method]
         if self.runtime not in allowed:

@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -52,9 +52,9 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int = Field(16, ge=1)
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, description="0 or -1 = off")
@@ -92,7 +92,7 @@ class CompletionRequest(BaseModel):
             raise ValueError("at most 16 stop strings")
         return stops
 
-    def prompts(self) -> list[Union[str, list[int]]]:
+    def prompts(self) -> list[str | list[int]]:
         """The batch of prompts (one element for a single prompt)."""
         p = self.prompt
         if isinstance(p, str):
@@ -182,7 +182,7 @@ def create_app(engine, model_name: str):
         except ValueError as exc:
             raise _engine_error(exc) from None
         choices, n_prompt, n_out, n_cached = [], 0, 0, 0
-        for i, (req, res) in enumerate(zip(reqs, results)):
+        for i, (req, res) in enumerate(zip(reqs, results, strict=False)):
             text = res.text
             if not body.skip_special_tokens:
                 text = engine.tokenizer.decode(res.token_ids, skip_special_tokens=False)
@@ -229,7 +229,7 @@ class ServerHandle:
         self._server.should_exit = True
         self._thread.join(timeout=timeout_s)
 
-    def __enter__(self) -> "ServerHandle":
+    def __enter__(self) -> ServerHandle:
         return self
 
     def __exit__(self, *exc) -> None:

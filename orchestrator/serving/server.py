@@ -158,7 +158,7 @@ class TritonServer:
             cmd += ["--load-model", "*"]
         return cmd + list(c.extra_args)
 
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         """Start the process and wait until it is ready.
 
         Raises:
@@ -284,7 +284,7 @@ class TritonServer:
         for path in owned:
             Path(path).unlink(missing_ok=True)
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -112,7 +112,7 @@ def label_sets(family: Family, max_depth: int) -> list[dict[str, str]]:
         return [{"mode": m, "depth": str(d)} for m, d in product(SPECULATIVE_MODES, range(max_depth))]
     values = {"mode": MODES, "source": SOURCES, "role": ROLES, "reason": ERROR_REASONS, "method": SD_METHODS,
               "position": tuple(str(i) for i in range(SD_POSITIONS))}
-    return [dict(zip(family.labels, combo)) for combo in product(*(values[k] for k in family.labels))]
+    return [dict(zip(family.labels, combo, strict=False)) for combo in product(*(values[k] for k in family.labels))]
 
 
 class ServerMetrics:

@@ -11,8 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..backends.role_tensors import (ROLE_MAX_NEW_TOKENS, ROLE_MAX_ROWS, arrays_to_requests, check_role_call,
-                                     is_internal, results_to_arrays)
+from ..backends.role_tensors import (
+    ROLE_MAX_NEW_TOKENS,
+    ROLE_MAX_ROWS,
+    arrays_to_requests,
+    check_role_call,
+    is_internal,
+    results_to_arrays,
+)
 
 
 def model_parameters(args: dict) -> dict[str, str]:
