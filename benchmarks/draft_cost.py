@@ -80,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['draft_ms_median']:>13.3f} {s['target_ms_median']:>14.3f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"),
+                               "machine": platform.processor() or platform.machine(),
                                "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
-                               "profile": profile.name, "rounds": args.rounds, "startup_s": startup_s, "summary": summary,
+                               "profile": profile.name, "rounds": args.rounds, "startup_s": startup_s,
+                               "summary": summary,
                                "measurement": {"load_avg_start": load_start, "load_avg_end": load_average()}},
                               indent=2))
     print(f"wrote {out}", file=sys.stderr)

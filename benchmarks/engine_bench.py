@@ -128,7 +128,8 @@ def main(argv=None) -> int:
     report["batch1_vs_generate"] = bench_vs_generate(engine, args.model, ps, args.max_new)
     prefix = (ps[0] * 10)[:200]
     report["b_of_n"] = bench_b(engine, prefix)
-    report["prefix_cache_lr_pattern"] = bench_prefix_cache(engine, generate_problems(1, EVAL_SEED + 99, difficulty=4)[0])
+    report["prefix_cache_lr_pattern"] = bench_prefix_cache(engine,
+                                                           generate_problems(1, EVAL_SEED + 99, difficulty=4)[0])
     report["ngram_sd"] = bench_ngram(engine, ps, args.max_new)
     engine.close()
     v, b, pc, ng = (report[k] for k in ("batch1_vs_generate", "b_of_n", "prefix_cache_lr_pattern", "ngram_sd"))

@@ -127,10 +127,12 @@ def main(argv=None) -> int:
     tok_dir = str(REPO / "engines" / "demo" / "target")
     import transformers
 
-    res: dict = {"date": time.strftime("%Y-%m-%d"), "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
+    res: dict = {"date": time.strftime("%Y-%m-%d"),
+                 "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
                  "gpu": torch.cuda.get_device_name(0) if DEVICE.startswith("cuda") else DEVICE,
                  "torch": torch.__version__, "transformers": transformers.__version__}
 
+    # section() calls fn at once; the lambdas and b_of_n below bind the loop's current values as default arguments
     def run(name, fn):
         section(res, name, fn, args.budget_s, args.json, args.out)
 
@@ -145,11 +147,12 @@ def main(argv=None) -> int:
             engine = engine_for(model, tok_dir, (1, 2, 3, 4, 5, 6, 7, 8), long_ctx, attn)
             for batch in (1, 4):
                 prompts = [[(7 * i + j) % 1000 for j in range(context)] for i in range(batch)]
-                run(f"{shape} b{batch} engine {mode}{label}", lambda: engine_step_ms(engine, prompts, new))
+                run(f"{shape} b{batch} engine {mode}{label}",
+                    lambda engine=engine, prompts=prompts: engine_step_ms(engine, prompts, new))
             if shape in ("Qwen3-32B", "tiny"):
                 base = [(13 * j) % 1000 for j in range(long_ctx)]
 
-                def b_of_n():
+                def b_of_n(engine=engine, base=base):
                     ms = {n: engine_step_ms(engine, [base + [n, i] for i in range(n)], 24) for n in range(1, 9)}
                     return {str(n): ms[n] / ms[1] for n in ms} | {"ms_n1": ms[1]}
 
@@ -158,10 +161,11 @@ def main(argv=None) -> int:
             engine = None
         model.set_attn_implementation("sdpa")  # transformers' own rows run its default attention
         for batch in (1, 4):
-            run(f"{shape} b{batch} transformers eager", lambda: time_generate(model, batch, context, new))
+            run(f"{shape} b{batch} transformers eager",
+                lambda model=model, batch=batch: time_generate(model, batch, context, new))
         if shape != "Qwen3-32B":
             for batch in (1, 4):  # last: the library compiles the model per batch size
-                run(f"{shape} b{batch} transformers static", lambda: time_generate(
+                run(f"{shape} b{batch} transformers static", lambda model=model, batch=batch: time_generate(
                     model, batch, context, new, cache_implementation="static"))
         model = None  # free the weights before the next shape
         if DEVICE.startswith("cuda"):

@@ -373,13 +373,14 @@ def main(argv=None) -> int:
     ref = max(plain, key=lambda r: summary[r]["tokens_per_s"])
     server = [r for r in rows if r.startswith("server:") and not r.startswith("server:plain@")]
     best_spec = max(server, key=lambda r: summary[r]["tokens_per_s"]) if server else None
-    for row, d in summary.items():
+    for _row, d in summary.items():
         for name, base in (("vs_llamacpp_plain", ref), ("vs_peer_best_spec", best_spec)):
             if base is None:
                 continue
             b = summary[base]
             d[name] = d["tokens_per_s"] / b["tokens_per_s"]
-            d[name + "_ci95"] = bootstrap_speedup_ci(*zip(*d["per_item"], strict=False), *zip(*b["per_item"], strict=False))
+            d[name + "_ci95"] = bootstrap_speedup_ci(*zip(*d["per_item"], strict=False),
+                                                     *zip(*b["per_item"], strict=False))
     report = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python benchmarks/llamacpp_peer.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -3,7 +3,8 @@
 Runs ``ar`` (the baseline), ``sd``, ``lr`` and ``lr+sd`` (sync and async, and sync with adaptive gamma) with the
 profile's judge and SD method, then ``lr+sd`` (sync) with every other verifier, ``sd`` and ``lr+sd`` with n-gram SD
 (when the profile's SD is another method) and with draft-model SD (unless it is the profile's, at the same k), ``sd``
-and ``lr+sd`` with Medusa SD and with EAGLE-3 SD (when the profile's target has Medusa heads / an EAGLE-3 head), and ``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
+and ``lr+sd`` with Medusa SD and with EAGLE-3 SD (when the profile's target has Medusa heads / an EAGLE-3 head), and
+``lr+sd`` at other gammas (``--sweep``), on the same problems; prints and writes a table of accuracy (with
 standard error), tokens/s, measured speedup vs ``ar``, step acceptance, the analytic estimate of the speed
 model (lookahead_reasoning.core.metrics, equations (1)-(2), with calibrated c, b(n) and v(w)), measured / estimate,
 and the same estimate with the independence form of E[steps] (the paper's) for comparison.
@@ -68,7 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--medusa-tokens", type=int, default=None,
                     help="tokens per proposal of the Medusa SD runs (default: all the target's heads; 0: skip them)")
     ap.add_argument("--eagle-tokens", type=int, default=4,
-                    help="tokens per proposal of the EAGLE-3 SD runs (when the target has an EAGLE-3 head; 0: skip them)")
+                    help="tokens per proposal of the EAGLE-3 SD runs (when the target has an EAGLE-3 head; "
+                         "0: skip them)")
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature of every run (default: the profile's; 0.6 is how Qwen3 and R1 are run)")
     ap.add_argument("--seed", type=int, default=None, help="sampling seed of every request (with --temperature)")
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
                  (f"lr+sd sync [{judge}, EAGLE-3 SD]", {"mode": "lr+sd", "target_spec": ea})]
     gammas = sorted({int(g) for g in args.sweep.split(",") if g.strip()} - {base.gamma})
     for g in gammas:
-        runs.append((f"lr+sd sync [{judge}] gamma={g}", {"mode": "lr+sd", "gamma": g, "max_gamma": max(g, base.max_gamma)}))
+        runs.append((f"lr+sd sync [{judge}] gamma={g}",
+                     {"mode": "lr+sd", "gamma": g, "max_gamma": max(g, base.max_gamma)}))
     # run names hold commas inside their brackets ("lr+sd sync [llm, Medusa SD]"): split only outside them
     skip = {n.strip() for n in re.split(r",(?![^\[]*\])", args.skip) if n.strip()}
     runs = [r for r in runs if r[0] not in skip]
@@ -155,7 +158,8 @@ def main(argv=None) -> int:
         interval="speedup_vs_ar_ci95: 2.5th-97.5th percentiles of the paired bootstrap over problems")
     doc = {"date": date.today().isoformat(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
            "command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])), "profile": profile.name,
-           "problems": len(items), "gamma": base.gamma, "judge": judge, "sampling": base.sampling.model_dump(), "cost_model": cost.to_dict(), "wall_seconds": time.time() - t0,
+           "problems": len(items), "gamma": base.gamma, "judge": judge, "sampling": base.sampling.model_dump(),
+           "cost_model": cost.to_dict(), "wall_seconds": time.time() - t0,
            "measurement": measurement, "runs": table}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
@@ -225,13 +229,14 @@ def markdown(doc: dict) -> str:
         depth = " / ".join(f(a) for a in (r.get("acceptance_by_depth") or [])[:4]) or "n/a"
         lines.append(f"| {r['run']} | {acc} | {solved} | "
                      f"{f(r['tokens_per_s'], 1)} | {format_speedup(r['speedup_vs_ar'], r.get('speedup_vs_ar_ci95'))} | "
-                     f"{f(r['acceptance_rate'])} | {depth} | {f(r['speedup_estimate'])} | {f(r['measured_over_estimate'])} | "
+                     f"{f(r['acceptance_rate'])} | {depth} | {f(r['speedup_estimate'])} | "
+                     f"{f(r['measured_over_estimate'])} | "
                      f"{f(r['speedup_estimate_iid'])} | {f(r['bound_free_draft_and_judge'])} |")
     name = f"lr+sd sync [{doc['judge']}]"
     sweep = sorted((r for r in doc["runs"] if r["run"].split(" gamma=")[0] == name), key=lambda r: r["gamma"] or 0)
     if len(sweep) > 1:
-        lines += ["", "Lookahead depth (lr+sd sync, same judge): measured, equation (1), and the bound with a free draft "
-                  "and judge (c = 0, J = 0) at the measured acceptance:", "",
+        lines += ["", "Lookahead depth (lr+sd sync, same judge): measured, equation (1), and the bound with a free "
+                  "draft and judge (c = 0, J = 0) at the measured acceptance:", "",
                   "| gamma | accuracy | speedup vs ar | acceptance | steps/cycle | estimate | measured/estimate | "
                   "bound (free draft and judge) |", "|---|---|---|---|---|---|---|---|"]
         for r in sweep:

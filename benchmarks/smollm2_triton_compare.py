@@ -166,8 +166,10 @@ def main(argv=None) -> int:
                          "correct": check_answer(it, loc["text"]),
                          "triton_text": s["text"], "in_process_text": loc["text"]})
         doc["modes"][mode] = {"equal": sum(r["equal"] for r in rows), "n": len(rows),
-                              "triton_tokens_per_s": sum(r["triton_tokens"] or 0 for r in rows) / sum(r["triton_seconds"] for r in rows),
-                              "in_process_tokens_per_s": sum(r["in_process_tokens"] or 0 for r in rows) / sum(r["in_process_seconds"] for r in rows),
+                              "triton_tokens_per_s": (sum(r["triton_tokens"] or 0 for r in rows)
+                                                      / sum(r["triton_seconds"] for r in rows)),
+                              "in_process_tokens_per_s": (sum(r["in_process_tokens"] or 0 for r in rows)
+                                                          / sum(r["in_process_seconds"] for r in rows)),
                               "rows": rows}
         print(f"{mode}: {doc['modes'][mode]['equal']}/{len(rows)} equal", file=sys.stderr)
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -6,7 +6,8 @@
 
 The plan (FP8 quantization with ModelOpt, the LLM-API options YAML = ``trtllm-serve --config`` file, serve
 scripts; or the legacy ``quantize.py`` + ``trtllm-build`` commands for ``--runtime trt-engine``) is computed by
-:mod:`lookahead_reasoning.production.engine_build`; ``--dry-run`` prints every command and file without running anything.
+:mod:`lookahead_reasoning.production.engine_build`; ``--dry-run`` prints every command and file without running
+anything.
 """
 
 from __future__ import annotations

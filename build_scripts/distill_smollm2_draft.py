@@ -51,12 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from lookahead_reasoning.evaluation import synthetic as syn  # the installed package (`make install`)
+from lookahead_reasoning.evaluation.answers import MATH_SUFFIX, data_dir
 from tqdm.auto import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
-
-from lookahead_reasoning.evaluation import synthetic as syn  # the installed package (`make install`)
-from lookahead_reasoning.evaluation.answers import MATH_SUFFIX, data_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -190,8 +189,9 @@ def stage_gen(args, target_dir: Path, device: str) -> dict:
                 while not stopping and len(in_flight) < args.groups_in_flight and gi < len(groups):
                     g = groups[gi]
                     gi += 1
-                    reqs = [GenerationRequest(engine.apply_chat_template([{"role": "user", "content": q.user_message()}]),
-                                              args.max_new_tokens) for q in g]
+                    reqs = [GenerationRequest(
+                        engine.apply_chat_template([{"role": "user", "content": q.user_message()}]),
+                        args.max_new_tokens) for q in g]
                     in_flight.append((g, reqs, engine.submit(reqs)))
                 if not in_flight:
                     break
@@ -206,7 +206,8 @@ def stage_gen(args, target_dir: Path, device: str) -> dict:
                 meta_path.write_text(json.dumps(meta))
                 bar.n = min(int(budget), int(meta["seconds"]))
                 n_done += len(g)
-                bar.set_postfix(answers=n_done, tok_s=f"{(meta['tokens'] - tokens0) / max(1e-9, meta['seconds'] - spent0):.0f}")
+                bar.set_postfix(answers=n_done,
+                                tok_s=f"{(meta['tokens'] - tokens0) / max(1e-9, meta['seconds'] - spent0):.0f}")
                 bar.refresh()
                 if meta["seconds"] >= budget:
                     stopping = True
@@ -382,7 +383,8 @@ def stage_train(args, target_dir: Path, device: str) -> dict:
     bar = tqdm(total=args.train_steps, initial=step, desc="train", unit="step", file=sys.stderr)
     done = False
     while not done:
-        batches = make_batches(train_ex, args.tokens_per_batch, random.Random(syn.derive_seed(args.seed, "epoch", epoch)))
+        batches = make_batches(train_ex, args.tokens_per_batch,
+                               random.Random(syn.derive_seed(args.seed, "epoch", epoch)))
         while batch_index < len(batches):
             elapsed = time.perf_counter() - t_start
             progress = max(step / args.train_steps, elapsed / budget)
@@ -524,13 +526,15 @@ def stage_eval(args, target_dir: Path, device: str) -> dict:
                     if e <= s:
                         continue
                     t_ids = r["output_ids"][s:e]
-                    reqs.append(GenerationRequest(r["prompt_ids"] + r["output_ids"][:s], args.max_step_tokens, (delim,)))
+                    reqs.append(GenerationRequest(r["prompt_ids"] + r["output_ids"][:s], args.max_step_tokens,
+                                                  (delim,)))
                     finish = "stop" if k < len(ends) else ("eos" if r["finish"] == "eos" else "length")
                     targets.append(Step(tok.decode(t_ids, skip_special_tokens=True), t_ids, t_ids, finish, "target"))
             results = []
             for i in tqdm(range(0, len(reqs), 64), desc=f"eval steps {delim!r}", file=sys.stderr):
                 results += draft.generate(reqs[i:i + 64])
-            drafts = [Step(res.text, list(res.token_ids), list(res.token_ids), res.finish_reason, "draft") for res in results]
+            drafts = [Step(res.text, list(res.token_ids), list(res.token_ids), res.finish_reason, "draft")
+                      for res in results]
             pairs = [(t, d) for t, d in zip(targets, drafts, strict=False)]
             num = asyncio.run(NumericVerifier().verify(pairs))
             norm = asyncio.run(NormalizedVerifier().verify(pairs))
@@ -540,7 +544,8 @@ def stage_eval(args, target_dir: Path, device: str) -> dict:
             out["delimiters"][repr(delim)] = {
                 "steps": len(pairs),
                 "mean_target_step_tokens": sum(len(t.target_ids) for t in targets) / n,
-                "target_steps_cut_at_max_step_tokens": sum(len(t.target_ids) >= args.max_step_tokens for t in targets) / n,
+                "target_steps_cut_at_max_step_tokens":
+                    sum(len(t.target_ids) >= args.max_step_tokens for t in targets) / n,
                 "exact_agreement": sum(exact) / n,
                 "normalized_agreement": sum(c and v.accept for c, v in zip(complete, norm, strict=False)) / n,
                 "numeric_agreement": sum(c and v.accept for c, v in zip(complete, num, strict=False)) / n,
@@ -599,11 +604,15 @@ Draft (`draft/`, committed): distilled from the target's own greedy answers by
 | | target | draft |
 |---|---|---|
 | family | LlamaForCausalLM | LlamaForCausalLM |
-| parameters | {ex.get('target_params', 0) / 1e6:.1f}M | {ex.get('draft_params', 0) / 1e6:.3f}M ({f(ex.get('param_ratio'), 4)} of the target) |
-| layers x hidden | 30 x 576 | {args.layers} x {args.hidden} (intermediate {args.intermediate}, {args.heads} heads, {args.kv_heads} KV heads) |
+| parameters | {ex.get('target_params', 0) / 1e6:.1f}M | {ex.get('draft_params', 0) / 1e6:.3f}M \
+({f(ex.get('param_ratio'), 4)} of the target) |
+| layers x hidden | 30 x 576 | {args.layers} x {args.hidden} \
+(intermediate {args.intermediate}, {args.heads} heads, {args.kv_heads} KV heads) |
 | vocabulary | 49152 | 49152 (the target's tokenizer and chat template) |
-| embeddings | tied | tied; initialised from the target's by truncated SVD to {args.hidden} dims (keeps {f(tr.get('svd_energy_kept'))} of its energy) |
-| stored as | Q4_1 GGUF (package) | fp16 safetensors, computed in fp32; folder {ex.get('folder_bytes', 0) / 1e6:.2f} MB |
+| embeddings | tied | tied; initialised from the target's by truncated SVD to {args.hidden} dims \
+(keeps {f(tr.get('svd_energy_kept'))} of its energy) |
+| stored as | Q4_1 GGUF (package) | fp16 safetensors, computed in fp32; \
+folder {ex.get('folder_bytes', 0) / 1e6:.2f} MB |
 
 ## Data
 
@@ -617,13 +626,16 @@ rest are the plain question. The corpus (not committed) is `corpus.jsonl` under 
 - answers: {corpus.get('answers')} ({corpus.get('gsm8k')} GSM8K train, {corpus.get('synthetic')} generated),
   {gen.get('tokens')} answer tokens, {corpus.get('eos_fraction', 0) * 100:.0f}% ended by EOS (the rest cut at
   {args.max_new_tokens} tokens)
-- generation: {gen.get('seconds', 0) / 60:.1f} min on {report.get('device')} ({gen.get('tokens', 0) / max(gen.get('seconds', 1), 1e-9):.0f} tokens/s)
-- held out (never trained on): {tr.get('heldout_answers')} answers ({args.heldout_fraction:.0%} by a hash of the question id)
+- generation: {gen.get('seconds', 0) / 60:.1f} min on {report.get('device')} \
+({gen.get('tokens', 0) / max(gen.get('seconds', 1), 1e-9):.0f} tokens/s)
+- held out (never trained on): {tr.get('heldout_answers')} answers \
+({args.heldout_fraction:.0%} by a hash of the question id)
 
 ## Training
 
 fp32, AdamW (lr {args.lr}, warm-up {args.warmup_steps} steps, cosine to {args.min_lr_ratio:.0%}), batches of
-<= {args.tokens_per_batch} padded tokens, loss on answer tokens only; {tr.get('steps')} steps, {f(tr.get('minutes'), 1)} min,
+<= {args.tokens_per_batch} padded tokens, loss on answer tokens only; {tr.get('steps')} steps, \
+{f(tr.get('minutes'), 1)} min,
 {tr.get('tokens_seen')} tokens seen ({f(tr.get('tokens_per_s'), 0)} tokens/s), {tr.get('epochs')} epoch(s) started.
 Held-out cross-entropy {f(heldout.get('loss'))} nats/token.
 
@@ -635,7 +647,8 @@ Teacher-forced next-token agreement with the target (the draft's greedy token gi
 Depth-0 step agreement: the draft writes the next step (greedy, up to {args.max_step_tokens} tokens) from the
 target's own prefix at every step boundary, and is compared with the target's step (a cut step never counts):
 
-| delimiter | steps | mean target step tokens | target steps >= {args.max_step_tokens} tokens | exact | normalized | numeric |
+| delimiter | steps | mean target step tokens | target steps >= {args.max_step_tokens} tokens \
+| exact | normalized | numeric |
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
@@ -667,7 +680,8 @@ def corpus_stats(args) -> dict:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "engines" / "smollm2"), help="writes OUT/draft and OUT/README.md")
-    ap.add_argument("--work", default=str(REPO / "build" / "smollm2_distill"), help="corpus and training state (cache; build/ is git-ignored)")
+    ap.add_argument("--work", default=str(REPO / "build" / "smollm2_distill"),
+                    help="corpus and training state (cache; build/ is git-ignored)")
     ap.add_argument("--target", default=TARGET_REF, help="target model reference")
     ap.add_argument("--stages", default="gen,train,export,eval")
     ap.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda")
@@ -730,7 +744,8 @@ def main(argv=None) -> int:
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     report.update({"device": device, "seed": args.seed, "target": args.target,
                    "machine": f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} CPUs, torch "
-                              f"{torch.__version__}" + (f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""),
+                              f"{torch.__version__}"
+                              + (f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""),
                    "args": {k: v for k, v in vars(args).items()}})
     times = report.setdefault("stage_minutes", {})
     for stage in stages:

@@ -79,7 +79,8 @@ def _vocab(folder: Path, n_vocab: int):
         types[i] = (gguf.TokenType.CONTROL if special.get(i) else gguf.TokenType.USER_DEFINED) if i in special \
             else gguf.TokenType.NORMAL
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    cfg = json.loads((folder / "tokenizer_config.json").read_text()) if (folder / "tokenizer_config.json").exists() else {}
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
     eos = ids.get(cfg.get("eos_token")) if isinstance(cfg.get("eos_token"), str) else None
     pad = ids.get(cfg.get("pad_token")) if isinstance(cfg.get("pad_token"), str) else None
     return tokens, types, merges, eos, pad

@@ -336,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     calib_dtype = torch.float32 if device.type == "cpu" else _DTYPES[args.dtype]
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=calib_dtype, trust_remote_code=args.trust_remote_code,
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=calib_dtype,
+                                                 trust_remote_code=args.trust_remote_code,
                                                  device_map="auto" if device.type == "cuda" else None)
     if device.type == "cpu":
         model = model.to(device)

@@ -3,12 +3,13 @@
 
 Reproduces ``engines/demo/{target,draft,judge}`` from a seed: a byte-level BPE tokenizer (shared by the
 three models), a deep, narrow Qwen3 target (~2.5M parameters, 22 layers x 96), a Qwen3 draft (2 layers,
-~1/8 of the target's parameters) and a Qwen3 judge (6 layers, initialised from the target) that answers ``[aligned]`` / ``[unaligned]`` after the
-fixed judge prompt (``lookahead_reasoning.core.judge_prompt``). Models train in fp32 (bf16 autocast only if a
-start-up micro-benchmark shows it is faster on this machine; target and draft with each decoder layer compiled by
-``torch.compile``, 1.40x the steps of eager in 4-minute runs on a 2-core Zen 4 VM, RESULTS.md), are saved as fp16 safetensors whose config
-says ``dtype: float32`` (so a plain ``from_pretrained`` computes in fp32), and are evaluated from the
-saved files. Results go to ``<out>/eval.json`` and the model card ``<out>/README.md``.
+~1/8 of the target's parameters) and a Qwen3 judge (6 layers, initialised from the target) that answers
+``[aligned]`` / ``[unaligned]`` after the fixed judge prompt (``lookahead_reasoning.core.judge_prompt``). Models
+train in fp32 (bf16 autocast only if a start-up micro-benchmark shows it is faster on this machine; target and
+draft with each decoder layer compiled by ``torch.compile``, 1.40x the steps of eager in 4-minute runs on a 2-core
+Zen 4 VM, RESULTS.md), are saved as fp16 safetensors whose config says ``dtype: float32`` (so a plain
+``from_pretrained`` computes in fp32), and are evaluated from the saved files. Results go to ``<out>/eval.json``
+and the model card ``<out>/README.md``.
 
 Usage::
 
@@ -437,8 +438,8 @@ def drill_example(tok, rng: random.Random, max_tokens: int = 128) -> tuple[list[
         labels += [-100] * len(a) + b
 
 
-def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: int = 16,
-                    drill_every: int = 3, voice: int = 0, mixed: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def problem_batches(tok, seed: int, batch_size: int, style: str, chunk_batches: int = 16, drill_every: int = 3,
+                    voice: int = 0, mixed: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless stream of training batches: fresh problems (difficulty mix) worded in ``voice``
     (:data:`synthetic.VOICES`; with ``mixed``, contexts that mix in the other voice, loss on ``voice``'s steps:
     :func:`lm_example`), length-bucketed; every ``drill_every``-th batch (0: never) is packed arithmetic facts
@@ -532,7 +533,8 @@ def compiled_layers(model, enabled: bool) -> Iterator[None]:
 def train_lm(model, batches: Iterator, budget: TrainBudget, device: str, desc: str,
              dev_eval: Callable[[], str] | None = None, dev_every_s: float = 600.0, dev_every_steps: int = 0,
              loss_fn: Callable | None = None, compile_layers: bool = False) -> dict:
-    """AdamW + linear warmup + cosine decay (to ``budget.lr_floor`` of the peak) over ``progress = max(step/steps, time/minutes)``.
+    """AdamW + linear warmup + cosine decay (to ``budget.lr_floor`` of the peak) over
+    ``progress = max(step/steps, time/minutes)``.
 
     Args:
         loss_fn: ``(model, batch) -> (loss, tokens)``; default: causal LM loss on ``labels``.
@@ -613,7 +615,8 @@ def _train_loop(model, opt, first, batches: Iterator, budget: TrainBudget, devic
         due = (step % dev_every_steps == 0) if dev_every_steps else (time.perf_counter() - last_dev > dev_every_s)
         if dev_eval is not None and due:
             model.eval()
-            with torch.compiler.set_stance("force_eager"):  # generation with a KV cache: keep it out of the compiled graph
+            # generation with a KV cache: keep it out of the compiled graph
+            with torch.compiler.set_stance("force_eager"):
                 msg = dev_eval()
             tqdm.write(f"  [{desc}] step {step} {time.perf_counter() - t0:.0f}s loss {ema:.4f} | {msg}")
             model.train()
@@ -696,7 +699,8 @@ def step_prompts(tok, problems: Sequence[syn.Problem], include_final: bool = Tru
     return rows
 
 
-def next_steps(model, tok, prompts: Sequence[list[int]], batch_size: int = 128, desc: str | None = None) -> list[list[int]]:
+def next_steps(model, tok, prompts: Sequence[list[int]], batch_size: int = 128,
+               desc: str | None = None) -> list[list[int]]:
     """One greedy step per prompt: tokens up to and including ``"\\n\\n"`` or EOS (max 40 tokens)."""
     eos_id, pad_id = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
     delim = tok.convert_tokens_to_ids(tok.tokenize(syn.STEP_DELIMITER))[0]
@@ -758,7 +762,8 @@ def injected_negatives(pairs: Sequence[tuple[str, str, bool]], n: int, seed: int
     negatives = [p for p in pairs if not p[2]]
     rng = random.Random(seed)
     forms = list(INJECTIONS.values())
-    return [(a, rng.choice(forms)(a, b), False) for a, b, _ in (rng.choice(negatives) for _ in range(n))] if negatives else []
+    return ([(a, rng.choice(forms)(a, b), False) for a, b, _ in (rng.choice(negatives) for _ in range(n))]
+            if negatives else [])
 
 
 def judge_prefix_len(tok) -> int:
@@ -836,7 +841,8 @@ def judge_verdicts(model, tok, pairs: Sequence[tuple[str, str]], batch_size: int
             ids[r, t - len(prompts[i]):] = torch.tensor(prompts[i])
             mask[r, t - len(prompts[i]):] = 1
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device)).logits[:, -1]
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                       position_ids=pos.to(device)).logits[:, -1]
         top = logits.argmax(-1).tolist()
         for r, i in enumerate(idx):
             out[i] = top[r] == a_id
@@ -857,7 +863,8 @@ def metrics_by_kind(pred: Sequence[bool], pairs: Sequence[tuple[str, str, bool]]
     """``{kind: binary_metrics}`` of judge verdicts ``pred`` on ``(step_a, step_b, equivalent)`` pairs, grouped by the
     step kind of ``step_a`` (:func:`synthetic.step_meaning`; a positive pair's steps share it)."""
     kinds = [syn.step_meaning(a)[0] for a, _, _ in pairs]
-    return {k: binary_metrics([v for v, kk in zip(pred, kinds, strict=False) if kk == k], [y for (_, _, y), kk in zip(pairs, kinds, strict=False) if kk == k])
+    return {k: binary_metrics([v for v, kk in zip(pred, kinds, strict=False) if kk == k],
+                              [y for (_, _, y), kk in zip(pairs, kinds, strict=False) if kk == k])
             for k in sorted(set(kinds))}
 
 
@@ -947,7 +954,8 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     target, tok = load_checkpoint(out / "target", device)
     draft, _ = load_checkpoint(out / "draft", device)
     judge, _ = load_checkpoint(out / "judge", device)
-    res["parameters"] = {"target": target.num_parameters(), "draft": draft.num_parameters(), "judge": judge.num_parameters()}
+    res["parameters"] = {"target": target.num_parameters(), "draft": draft.num_parameters(),
+                         "judge": judge.num_parameters()}
     res["parameters"]["draft_over_target"] = res["parameters"]["draft"] / res["parameters"]["target"]
     res["tokenizer"] = check_tokenizer(tok)
     sizes = {k: sum(f.stat().st_size for f in (out / k).iterdir()) for k in ("target", "draft", "judge")}
@@ -957,14 +965,16 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     problems = syn.generate_problems(n_eval, syn.EVAL_SEED, syn.DEFAULT_DIFFICULTY, style)
     n_steps = sorted(len(p.steps) + 1 for p in problems)  # the "#### N" line is a step too
     res["task"] = {"style": style, "steps_per_answer_mean": sum(n_steps) / len(n_steps),
-                   "steps_per_answer_p10": n_steps[len(n_steps) // 10], "steps_per_answer_p90": n_steps[len(n_steps) * 9 // 10]}
+                   "steps_per_answer_p10": n_steps[len(n_steps) // 10],
+                   "steps_per_answer_p90": n_steps[len(n_steps) * 9 // 10]}
     answers = [p.answer for p in problems]
     t_txt = solve(target, tok, problems, desc="eval: target solves")
     d_txt = solve(draft, tok, problems, desc="eval: draft solves")
     (acc_t, se_t), (acc_d, se_d) = accuracy(t_txt, answers), accuracy(d_txt, answers)
     res["accuracy"] = {"n": n_eval, "seed": syn.EVAL_SEED, "difficulty": syn.DEFAULT_DIFFICULTY,
                        "target": acc_t, "target_se": se_t, "draft": acc_d, "draft_se": se_d,
-                       "target_exact_solution": sum(t == p.solution for t, p in zip(t_txt, problems, strict=False)) / n_eval}
+                       "target_exact_solution":
+                           sum(t == p.solution for t, p in zip(t_txt, problems, strict=False)) / n_eval}
     # accuracy by difficulty (not a must-show; small samples)
     by_d, n_d = {}, 20 if quick else 40
     for d in syn.DIFFICULTIES:
@@ -986,9 +996,12 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     finals = [r for r in pairs if r["final"]]
     mean = lambda rows, k: sum(r[k] for r in rows) / max(1, len(rows))  # noqa: E731
     res["step_agreement"] = {
-        "n_problems": len({r["problem"] for r in pairs}), "n_steps": len(steps_only), "exact": mean(steps_only, "exact"), "semantic": mean(steps_only, "semantic"),
-        "target_vs_gold_semantic": mean(steps_only, "target_gold"), "draft_vs_gold_semantic": mean(steps_only, "draft_gold"),
-        "target_vs_gold_exact": mean(steps_only, "target_exact_gold"), "draft_vs_gold_exact": mean(steps_only, "draft_exact_gold"),
+        "n_problems": len({r["problem"] for r in pairs}), "n_steps": len(steps_only),
+        "exact": mean(steps_only, "exact"), "semantic": mean(steps_only, "semantic"),
+        "target_vs_gold_semantic": mean(steps_only, "target_gold"),
+        "draft_vs_gold_semantic": mean(steps_only, "draft_gold"),
+        "target_vs_gold_exact": mean(steps_only, "target_exact_gold"),
+        "draft_vs_gold_exact": mean(steps_only, "draft_exact_gold"),
         "draft_vs_voice1_gold_exact": mean(steps_only, "draft_exact_own_voice"),
         "n_final_lines": len(finals), "final_exact": mean(finals, "exact"), "final_semantic": mean(finals, "semantic"),
     }
@@ -1007,7 +1020,8 @@ def evaluate(out: Path, seed: int, quick: bool, device: str) -> dict:
     v = judge_verdicts(judge, tok, [(r["target"], r["draft"]) for r in pairs])
     gold = [r["semantic"] for r in pairs]
     res["judge_real"] = binary_metrics(v, gold)
-    nonid = [k for k, r in enumerate(pairs) if "".join(r["target"].split()).lower() != "".join(r["draft"].split()).lower()]
+    nonid = [k for k, r in enumerate(pairs)
+             if "".join(r["target"].split()).lower() != "".join(r["draft"].split()).lower()]
     res["judge_real_non_identical"] = binary_metrics([v[k] for k in nonid], [gold[k] for k in nonid])
     # the verifier as LR runs it: exact-match short-circuit, then the judge
     sc = [True if k not in set(nonid) else v[k] for k in range(len(pairs))]
@@ -1123,11 +1137,13 @@ def fmt_table(res: dict) -> str:
         f"({s['semantic_over_exact']:.2f}x exact) | >= 1.5x exact |",
         f"| Target step = gold step: semantic / exact | {s['target_vs_gold_semantic'] * 100:.1f}% / "
         f"{s['target_vs_gold_exact'] * 100:.1f}% | |",
-        f"| Draft step = gold step: semantic / exact (close to draft vs target: the target writes the gold step) | {s['draft_vs_gold_semantic'] * 100:.1f}% / "
+        f"| Draft step = gold step: semantic / exact (close to draft vs target: the target writes the gold step) | "
+        f"{s['draft_vs_gold_semantic'] * 100:.1f}% / "
         f"{s['draft_vs_gold_exact'] * 100:.1f}% | |",
         *([f"| Draft step = the gold step in the draft's own voice (`voice=1`): exact | "
            f"{s['draft_vs_voice1_gold_exact'] * 100:.1f}% | |"] if "draft_vs_voice1_gold_exact" in s else []),
-        f"| Final answer line, draft vs target ({s['n_final_lines']}): exact / semantic | {s['final_exact'] * 100:.1f}% / "
+        f"| Final answer line, draft vs target ({s['n_final_lines']}): exact / semantic | "
+        f"{s['final_exact'] * 100:.1f}% / "
         f"{s['final_semantic'] * 100:.1f}% | |",
         *(f"| Step kind `{k}` ({v['n']} steps): draft vs target exact / semantic; target = gold; draft = gold | "
           f"{v['exact'] * 100:.1f}% / {v['semantic'] * 100:.1f}%; {v['target_vs_gold_semantic'] * 100:.1f}%; "
@@ -1135,21 +1151,28 @@ def fmt_table(res: dict) -> str:
         f"| Judge{alone}, held-out synthetic pairs (n={js['n']}): precision / recall / accuracy on aligned | "
         f"{js['precision']:.4f} / {js['recall']:.3f} / {js['accuracy']:.3f} | "
         f"{'' if guarded else 'precision >= 0.99, recall >= ' + ('0.90' if long else '0.80')} |",
-        *(f"| Judge{alone}, held-out `{k}` pairs (n={m['n']}): precision / recall | {m['precision']:.4f} / {m['recall']:.3f} | "
-          f"{'precision >= 0.99, recall >= 0.90' if long and not guarded else ''} |" for k, m in res.get("judge_synthetic_by_kind", {}).items()),
+        *(f"| Judge{alone}, held-out `{k}` pairs (n={m['n']}): precision / recall | "
+          f"{m['precision']:.4f} / {m['recall']:.3f} | "
+          f"{'precision >= 0.99, recall >= 0.90' if long and not guarded else ''} |"
+          for k, m in res.get("judge_synthetic_by_kind", {}).items()),
         f"| Judge, held-out real draft/target pairs (n={jr['n']}): precision / recall / accuracy | "
         f"{jr['precision']:.4f} / {jr['recall']:.3f} / {jr['accuracy']:.3f} | |",
         f"| Judge, real pairs that are not identical (n={jn['n']}, what the judge sees after the exact-match "
         f"short-circuit): precision / recall | {jn['precision']:.4f} / {jn['recall']:.3f} | |",
         *([f"| Verifier as the `llm` judge runs (normalized match, arithmetic guard, judge), held-out synthetic "
-           f"pairs (n={res['verifier_synthetic']['n']}): precision / recall | {res['verifier_synthetic']['precision']:.4f} / "
+           f"pairs (n={res['verifier_synthetic']['n']}): precision / recall | "
+           f"{res['verifier_synthetic']['precision']:.4f} / "
            f"{res['verifier_synthetic']['recall']:.3f} | |"] if "verifier_synthetic" in res else []),
-        *(f"| Verifier, held-out `{k}` pairs (n={m['n']}): precision / recall | {m['precision']:.4f} / {m['recall']:.3f} | "
-          f"{'precision >= 0.99, recall >= 0.90' if long else ''} |" for k, m in res.get("verifier_synthetic_by_kind", {}).items()),
+        *(f"| Verifier, held-out `{k}` pairs (n={m['n']}): precision / recall | "
+          f"{m['precision']:.4f} / {m['recall']:.3f} | "
+          f"{'precision >= 0.99, recall >= 0.90' if long else ''} |"
+          for k, m in res.get("verifier_synthetic_by_kind", {}).items()),
         *([f"| Verifier, real pairs that are not identical (n={res['verifier_real_non_identical']['n']}): precision / "
-           f"recall | {res['verifier_real_non_identical']['precision']:.4f} / {res['verifier_real_non_identical']['recall']:.3f} | |"]
+           f"recall | {res['verifier_real_non_identical']['precision']:.4f} / "
+           f"{res['verifier_real_non_identical']['recall']:.3f} | |"]
           if "verifier_real_non_identical" in res else []),
-        *([f"| Verifier against injected text: held-out not-equivalent pairs that reach the judge (n={res['injection']['n']}), "
+        *([f"| Verifier against injected text: held-out not-equivalent pairs that reach the judge "
+           f"(n={res['injection']['n']}), "
            f"accepted with step B clean / " + " / ".join(f"+ {k}" for k in res["injection"]["accepted"] if k != "none")
            + " | " + " / ".join(str(v) for v in res["injection"]["accepted"].values()) + " | (reported; 0 is best) |"]
           if "injection" in res else []),
@@ -1209,12 +1232,14 @@ the steps worded otherwise), as a small model of another family phrases steps it
         t = tr.get(name)
         if not t:
             return "n/a"
-        return (f"{t['seconds'] / 60:.1f} min, {t['steps']:,} steps x batch {t['batch_size']}, {t['tokens'] / 1e6:.2f}M "
-                f"tokens ({t['tokens_per_second']:.0f} tok/s, {t['autocast']}{', layers compiled' if t.get('compiled_layers') else ''}), "
+        return (f"{t['seconds'] / 60:.1f} min, {t['steps']:,} steps x batch {t['batch_size']}, "
+                f"{t['tokens'] / 1e6:.2f}M tokens ({t['tokens_per_second']:.0f} tok/s, {t['autocast']}"
+                f"{', layers compiled' if t.get('compiled_layers') else ''}), "
                 f"stopped by {t['stopped_by']}")
 
     # (records written before the floor was a parameter have none: their schedules ended at 10%)
-    floors = ", ".join(f"{tr[n].get('lr_floor', 0.1):.1%} ({n})" for n in ("target", "draft", "judge") if n in tr) or "n/a"
+    floors = ", ".join(f"{tr[n].get('lr_floor', 0.1):.1%} ({n})"
+                       for n in ("target", "draft", "judge") if n in tr) or "n/a"
     earlier = "".join(f"; continued from an earlier stage of {t['seconds'] / 60:.1f} min, {t['steps']:,} steps, "
                       f"{t['tokens'] / 1e6:.2f}M tokens" for t in tr.get("target_earlier_stages", []))
     # what the commands above do not say (a stage replaced, why): eval.json's training["history"], written by hand
@@ -1225,9 +1250,10 @@ the steps worded otherwise), as a small model of another family phrases steps it
     s_probs = res["step_agreement"].get("n_problems", res["accuracy"]["n"])
     ex = res["examples"][0]
     long = res.get("task", {}).get("style") == "long"
-    template = ("`<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n<think>\\n`: the generation prompt opens the "
-                "reasoning block, as DeepSeek-R1's template does, and `<think>` / `</think>` are single (not special) "
-                "tokens, so decoded text keeps them" if long else "`<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n`")
+    template = ("`<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n<think>\\n`: the generation prompt "
+                "opens the reasoning block, as DeepSeek-R1's template does, and `<think>` / `</think>` are single "
+                "(not special) tokens, so decoded text keeps them"
+                if long else "`<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n`")
     data = f"""`generate_problems(n, seed, difficulty, style="long")`: a person, items or money, and several events (buy
 boxes, find / lose / give away items, double, buy more groups, fees, coupons, tips, share equally, pay with a
 bill). The answer is a reasoning trace, `</think>`, then a short final answer and the `#### N` line, e.g.
@@ -1244,7 +1270,8 @@ frames, and operands of `+`/`x` come in either order; the wording is a fixed fun
 the item and the step's kind (lookup tables), not a coin flip. {draft_voice}{mixed_note}
 `step_meaning` is the ground truth of what a step says. Difficulty (1 to 5) sets the computations (3-4, 4-6,
 5-7, 6-8, 7-8; difficulty 2 averages {res.get('task', {}).get('steps_per_answer_mean', 0):.0f} steps per
-answer) and the magnitudes (running values <= 60, 100, 500, 2000, 9999).""" if long else f"""`generate_problems(n, seed, difficulty)`: a person, items or money, and 2 to 8 events (buy boxes, find / lose /
+answer) and the magnitudes (running values <= 60, 100, 500, 2000, 9999).""" if long else f"""\
+`generate_problems(n, seed, difficulty)`: a person, items or money, and 2 to 8 events (buy boxes, find / lose /
 give away items, double, buy more groups, fees, coupons, tips, share equally, pay with a bill). The solution
 is one step per computation, e.g.
 
@@ -1272,7 +1299,8 @@ takes an induction head (two layers); a one-layer draft got those steps right 14
 Small models the product ships so that its main job (Lookahead Reasoning: step-level speculation with a
 semantic judge) runs right after install, with no model hub. Trained from scratch by
 `build_scripts/train_demo_models.py` on the synthetic grade-school arithmetic task of
-`lookahead_reasoning.evaluation.synthetic` (`orchestrator/evaluation/synthetic.py`). They are toys: they solve that task, not
+`lookahead_reasoning.evaluation.synthetic` (`orchestrator/evaluation/synthetic.py`). They are toys: they solve \
+that task, not
 real questions (see the GSM8K row).
 
 | Folder | Role | Architecture |
@@ -1319,10 +1347,13 @@ problems, labelled with `steps_equivalent`.{guarded}
 | target | {ttime('target')}{earlier} |
 | draft | {ttime('draft')} |
 | judge | {ttime('judge')} ({tr.get('judge', {}).get('examples', 'n/a')} examples){earlier_judge} |
-| total wall time | {tr.get('total_minutes', 'n/a')} min over {len(tr.get('commands', [])) or 1} run(s) (tokenizer, data, trainings, saving; evaluation not included) |
-| evaluation | {res.get('evaluation_minutes', 'n/a')} min ({', '.join(f'{k} {v:.0f} s' for k, v in res.get('evaluation_seconds', {}).items()) or 'parts not timed'}) |
+| total wall time | {tr.get('total_minutes', 'n/a')} min over {len(tr.get('commands', [])) or 1} run(s) \
+(tokenizer, data, trainings, saving; evaluation not included) |
+| evaluation | {res.get('evaluation_minutes', 'n/a')} min \
+({', '.join(f'{k} {v:.0f} s' for k, v in res.get('evaluation_seconds', {}).items()) or 'parts not timed'}) |
 {history}
-AdamW (betas 0.9/0.98, weight decay 0.05), linear warm-up, cosine decay to {floors} of the peak learning rate, gradient clipping 1.0, fp32
+AdamW (betas 0.9/0.98, weight decay 0.05), linear warm-up, cosine decay to {floors} of the peak learning rate, \
+gradient clipping 1.0, fp32
 unless bf16 autocast measured faster at start-up. Machine: {tr.get('machine', m.get('processor'))}.
 
 ## Evaluation
@@ -1330,7 +1361,8 @@ unless bf16 autocast measured faster at start-up. Machine: {tr.get('machine', m.
 {fmt_table(res)}
 
 Notes. Accuracy: the `#### N` line of a greedy solution equals the answer (standard errors in ±). Step
-agreement: for every step position of the first {s_probs} held-out problems, draft and target each write one step greedily from
+agreement: for every step position of the first {s_probs} held-out problems, draft and target each write one step \
+greedily from
 the same prompt (chat prompt + gold steps so far) until `"\\n\\n"` or EOS; "exact" = identical tokens,
 "semantic" = `steps_equivalent` (same operation, operands up to order for `+`/`x`, same result); the final
 `#### N` line is counted separately. Judge: the verdict is the one greedy token after the pre-filled `[`
@@ -1365,14 +1397,16 @@ def dev_solve_eval(model, tok, n: int, seed: int) -> Callable[[], str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "engines" / "demo")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads for training")
     ap.add_argument("--vocab-size", type=int, default=1024)
     ap.add_argument("--style", choices=syn.STYLES, default="long",
-                    help="task style: long reasoning traces in <think> (the demo trio v2) or one computation per step (v1)")
+                    help="task style: long reasoning traces in <think> (the demo trio v2) "
+                         "or one computation per step (v1)")
     ap.add_argument("--target-steps", type=int, default=100000)
     ap.add_argument("--target-minutes", type=float, default=64.0)
     ap.add_argument("--target-lr", type=float, default=2e-3)
@@ -1385,19 +1419,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--draft-steps", type=int, default=100000)
     ap.add_argument("--draft-minutes", type=float, default=14.0)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--draft-lr-floor", type=float, default=0.025, help="the cosine schedule ends at this fraction of --draft-lr")
+    ap.add_argument("--draft-lr-floor", type=float, default=0.025,
+                    help="the cosine schedule ends at this fraction of --draft-lr")
     ap.add_argument("--draft-voice", type=int, choices=range(len(syn.VOICES)), default=1,
                     help="wording of the draft's training solutions: 0 the target's, 1 its own (synthetic.step_style). "
-                         "With 1 and --no-mixed-voices the target, trained on voice 0 only, loses its way after accepted "
-                         "voice-1 steps (lr_bench 2026-12-02: lr+sd solved 115 of the 192 problems ar solves; RESULTS.md, issue 19)")
+                         "With 1 and --no-mixed-voices the target, trained on voice 0 only, loses its way after "
+                         "accepted voice-1 steps (lr_bench 2026-12-02: lr+sd solved 115 of the 192 problems ar solves; "
+                         "RESULTS.md, issue 19)")
     ap.add_argument("--mixed-voices", action=argparse.BooleanOptionalAction, default=True,
                     help="train target and draft on contexts whose steps mix both voices, each with loss on its own "
-                         "voice's steps only (lm_example): the target reads the draft's accepted steps and keeps its words")
+                         "voice's steps only (lm_example): the target reads the draft's accepted steps and keeps "
+                         "its words")
     ap.add_argument("--judge-steps", type=int, default=100000)
     ap.add_argument("--judge-minutes", type=float, default=10.0)
     ap.add_argument("--judge-lr", type=float, default=7.5e-4,
                     help="peak learning rate of the judge (1.5e-3 until 2026-12-05: its runs varied, RESULTS.md)")
-    ap.add_argument("--judge-lr-floor", type=float, default=0.025, help="the cosine schedule ends at this fraction of --judge-lr")
+    ap.add_argument("--judge-lr-floor", type=float, default=0.025,
+                    help="the cosine schedule ends at this fraction of --judge-lr")
     ap.add_argument("--judge-neg-weight", type=float, default=10.0, help="loss weight of 'unaligned' verdicts")
     ap.add_argument("--judge-init", default="target",
                     help="'target' (the trained target's embeddings and first layers), 'scratch', or a judge "
@@ -1412,10 +1450,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(INJECTIONS; label unchanged), so that a draft step cannot talk the judge into accepting it")
     ap.add_argument("--judge-guarded", action=argparse.BooleanOptionalAction, default=True,
                     help="train the judge only on the pairs the llm verifier asks it about: not a normalized match, "
-                         "not rejected by the arithmetic guard (reaches_judge). Most synthetic negatives (95%% of the generic "
-                         "pairs') differ in numbers, which the guard rejects; a judge trained on them learns to distrust "
-                         "computations")
-    ap.add_argument("--judge-real-problems", type=int, default=300, help="training problems whose real draft/target steps the judge sees")
+                         "not rejected by the arithmetic guard (reaches_judge). Most synthetic negatives (95%% of the "
+                         "generic pairs') differ in numbers, which the guard rejects; a judge trained on them learns "
+                         "to distrust computations")
+    ap.add_argument("--judge-real-problems", type=int, default=300,
+                    help="training problems whose real draft/target steps the judge sees")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="train target and draft with each decoder layer compiled by torch.compile (compiled_layers; "
@@ -1481,9 +1520,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 target.load_state_dict(load_checkpoint(args.target_init)[0].state_dict())
                 tqdm.write(f"   continuing from {args.target_init}")
             tqdm.write(f"   {target.num_parameters():,} parameters")
-            b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size, lr_floor=args.target_lr_floor)
-            training["target"] = train_lm(target, problem_batches(tok, syn.derive_seed(args.seed, "data-target", *([args.target_data_offset] if args.target_data_offset else [])), b.batch_size, args.style, mixed=args.mixed_voices),
-                                          b, device, "target", dev_solve_eval(target, tok, 48 if not args.quick else 8, args.seed),
+            b = TrainBudget(args.target_steps, args.target_minutes, args.target_lr, args.batch_size,
+                            lr_floor=args.target_lr_floor)
+            data_offset = [args.target_data_offset] if args.target_data_offset else []
+            batches = problem_batches(tok, syn.derive_seed(args.seed, "data-target", *data_offset), b.batch_size,
+                                      args.style, mixed=args.mixed_voices)
+            training["target"] = train_lm(target, batches,
+                                          b, device, "target",
+                                          dev_solve_eval(target, tok, 48 if not args.quick else 8, args.seed),
                                           dev_every_steps=args.dev_every_steps, compile_layers=args.compile)
             training["target"]["mixed_voices"] = args.mixed_voices
             save_checkpoint(target, tok, out / "target")
@@ -1492,12 +1536,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "draft" in parts:
             tqdm.write("== draft")
             draft = make_model(DRAFT_SPEC, tok, syn.derive_seed(args.seed, "init-draft"))
-            tqdm.write(f"   {draft.num_parameters():,} parameters ({draft.num_parameters() / target.num_parameters():.3f} of the target)")
-            b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size, lr_floor=args.draft_lr_floor)
+            tqdm.write(f"   {draft.num_parameters():,} parameters "
+                       f"({draft.num_parameters() / target.num_parameters():.3f} of the target)")
+            b = TrainBudget(args.draft_steps, args.draft_minutes, args.draft_lr, args.batch_size,
+                            lr_floor=args.draft_lr_floor)
             batches = problem_batches(tok, syn.derive_seed(args.seed, "data-draft"), b.batch_size, args.style,
                                       voice=args.draft_voice, mixed=args.mixed_voices)
             training["draft"] = train_lm(draft, batches,
-                                         b, device, "draft", dev_solve_eval(draft, tok, 48 if not args.quick else 8, args.seed),
+                                         b, device, "draft",
+                                         dev_solve_eval(draft, tok, 48 if not args.quick else 8, args.seed),
                                          dev_every_steps=args.dev_every_steps, compile_layers=args.compile)
             training["draft"]["voice"] = syn.VOICES[args.draft_voice]
             training["draft"]["mixed_voices"] = args.mixed_voices
@@ -1524,7 +1571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     res["evaluation_minutes"] = round((time.perf_counter() - t_eval) / 60, 1)
     eval_json.write_text(json.dumps(res, indent=2, default=str))
     reproduce = "\n".join("nice -n 10 " + c for c in training.get("commands", [])) or (
-        "nice -n 10 python build_scripts/train_demo_models.py --out engines/demo --seed " + str(training.get("seed", args.seed)))
+        "nice -n 10 python build_scripts/train_demo_models.py --out engines/demo --seed "
+        + str(training.get("seed", args.seed)))
     write_card(out, res, reproduce)
     print()
     print(fmt_table(res))
@@ -1557,7 +1605,8 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     # numbers: the arithmetic guard passes them); the judge sees more of them
     n_given = args.judge_given_pairs if args.style == "long" else 0
     if n_given:
-        syn_pairs += syn.generate_step_pairs(n_given, syn.derive_seed(args.seed, "judge-given-pairs"), style="long", kinds=("given",))
+        syn_pairs += syn.generate_step_pairs(n_given, syn.derive_seed(args.seed, "judge-given-pairs"), style="long",
+                                             kinds=("given",))
     # pairs the arithmetic guard lets through (two steps stating the same numbers): about 2% of the pairs above
     # are such negatives, and they are what the judge decides alone (a final answer against a running total)
     n_same = args.judge_same_number_pairs if args.style == "long" else 0
@@ -1581,8 +1630,10 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     real = seen([(r["target"], r["draft"], r["semantic"]) for r in rows])
     real_neg = [x for x in real if not x[2]]
     ex_real = judge_examples(tok, real + real_neg * 2, "real")
-    tqdm.write(f"   {len(ex)} synthetic pairs ({'of ' + str(n_drawn) + ' drawn: those that reach the judge behind the guard' if guarded else 'all'}), "
-               f"{len(injected)} of them with injected text; {len(real)} real pairs ({len(real_neg)} not equivalent, x3)")
+    which = "of " + str(n_drawn) + " drawn: those that reach the judge behind the guard" if guarded else "all"
+    tqdm.write(f"   {len(ex)} synthetic pairs ({which}), "
+               f"{len(injected)} of them with injected text; {len(real)} real pairs "
+               f"({len(real_neg)} not equivalent, x3)")
     ex = ex + ex_real
     judge = make_model(JUDGE_SPEC, tok, syn.derive_seed(args.seed, "init-judge"))
     continued = args.judge_init not in ("target", "scratch")
@@ -1595,14 +1646,15 @@ def train_judge(args, tok, target, draft, device: str, out: Path) -> dict:
     pad_id = tok.convert_tokens_to_ids(PAD)
     b = TrainBudget(args.judge_steps, args.judge_minutes, args.judge_lr, args.batch_size * 2, warmup_steps=100,
                     lr_floor=args.judge_lr_floor)
-    dev_pairs = seen(syn.generate_step_pairs(700 if guarded else 300, syn.derive_seed(args.seed, "judge-dev"), style=args.style))
+    dev_pairs = seen(syn.generate_step_pairs(700 if guarded else 300, syn.derive_seed(args.seed, "judge-dev"),
+                                             style=args.style))
 
     def dev() -> str:
         m = binary_metrics(judge_verdicts(judge, tok, [(a, c) for a, c, _ in dev_pairs]), [y for *_, y in dev_pairs])
         return f"dev precision {m['precision']:.3f} recall {m['recall']:.3f} acc {m['accuracy']:.3f}"
 
-    facts = train_lm(judge, judge_batches(ex, syn.derive_seed(args.seed, "judge-order", *(["continued"] if continued else [])), b.batch_size, prefix_len, pad_id,
-                                          args.judge_neg_weight),
+    order_seed = syn.derive_seed(args.seed, "judge-order", *(["continued"] if continued else []))
+    facts = train_lm(judge, judge_batches(ex, order_seed, b.batch_size, prefix_len, pad_id, args.judge_neg_weight),
                      b, device, "judge", dev, dev_every_s=120.0, loss_fn=judge_loss_fn(device))
     facts["examples"] = len(ex)
     facts["guarded"] = guarded

@@ -287,7 +287,8 @@ decoder layers), Li et al. 2025, "EAGLE-3", section 3, with training-time test o
 over at most {r['window']} past positions. Trained by self-distillation on the target's own greedy answers to
 {tr['problems']} synthetic training problems, and on the task's solutions to {tr.get('mixed_voice_problems', 0)} more
 with the draft's wording mixed into the context, as Lookahead Reasoning's contexts hold it (only tokens the target
-writes are learned: `train_demo_models.mixed_voice_rows`) ({tr['optimizer_steps']} steps of {tr['crops_per_step']} crops of
+writes are learned: `train_demo_models.mixed_voice_rows`) ({tr['optimizer_steps']} steps of \
+{tr['crops_per_step']} crops of
 {tr['crop']} positions in {tr['seconds']:.0f} s, stopped by {tr['stopped_by']}; the target's answers took
 {tr['generation_seconds']:.0f} s). Layout: SafeAILab/EAGLE's EAGLE-3 checkpoint, read by vLLM (`llama_eagle3.py`) and
 TensorRT-LLM (`Eagle3DecodingConfig(speculative_model_dir=...)`): `model.safetensors` (`fc`, `midlayer.*`, `norm`,
@@ -307,7 +308,8 @@ Mean accepted proposals per decoding forward with {r['steps']} proposals: **{t['
 (untrained {u['mean_accepted_per_forward']:.2f}), i.e. {t['tokens_per_forward']:.2f} tokens per target forward.
 On the same held-out problems' solutions with the draft's wording mixed into the context{mixed}.
 These are offline figures (the target's own answers walked in crops of 256 positions from two before the answer,
-so a position sees up to the window of answer positions before it, never the prompt's); the engine's acceptance also depends on
+so a position sees up to the window of answer positions before it, never the prompt's); the engine's acceptance also \
+depends on
 the schedule, on stops and on how many positions a row has after its prefill, and is reported by
 `benchmarks/lr_bench.py` (`sd [EAGLE-3, ...]` rows).
 """

@@ -241,7 +241,8 @@ self-distillation on the target's own greedy answers to {tr['problems']} synthet
 task's solutions to {tr.get('mixed_voice_problems', 0)} more with the draft's wording mixed into the context, as
 Lookahead Reasoning's contexts hold it (only tokens the target writes are learned: `train_demo_models.mixed_voice_rows`)
 ({tr['positions']:,} positions,
-{tr['steps']} steps in {tr['seconds']:.0f} s, stopped by {tr['stopped_by']}; the target's answers took {tr['generation_seconds']:.0f} s). Layout: FasterDecoding/Medusa's, which TensorRT-LLM's
+{tr['steps']} steps in {tr['seconds']:.0f} s, stopped by {tr['stopped_by']}; the target's answers took \
+{tr['generation_seconds']:.0f} s). Layout: FasterDecoding/Medusa's, which TensorRT-LLM's
 Medusa conversion reads (`medusa_lm_head.safetensors`, `config.json` with `medusa_num_heads` /
 `medusa_num_layers`). Made by:
 
@@ -250,11 +251,13 @@ Medusa conversion reads (`medusa_lm_head.safetensors`, `config.json` with `medus
 ({r['date']}, {r['machine']}). On the target's greedy answers to {r['held_out']['problems']} held-out problems
 (`synthetic.EVAL_SEED`, {t['positions']:,} positions):
 
-| head | top-1 accuracy, untrained (= the base head's next token) | top-1 accuracy, trained | chain acceptance at this depth |
+| head | top-1 accuracy, untrained (= the base head's next token) | top-1 accuracy, trained \
+| chain acceptance at this depth |
 |---|---|---|---|
 {rows}
 
-Mean accepted proposals per decoding forward with all heads proposing (greedy chain): **{t['mean_accepted_per_forward']:.2f}**
+Mean accepted proposals per decoding forward with all heads proposing (greedy chain): \
+**{t['mean_accepted_per_forward']:.2f}**
 (untrained {u['mean_accepted_per_forward']:.2f}), i.e. {t['tokens_per_forward']:.2f} tokens per target forward.
 On the same held-out problems' solutions with the draft's wording mixed into the context{mixed}.
 These are offline figures; the engine's acceptance also depends on the schedule and

@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     check("seeds", a == b and a != c, same_seed_equal=a == b, other_seed_differs=a != c)
 
     # 5. prefix reuse
-    prefix = prompts[0] + engine.encode(" step" * 1500)[: max(0, min(2000, spec.limits.max_input_len - 64) - len(prompts[0]))]
+    prefix = prompts[0] + engine.encode(" step" * 1500)[
+        : max(0, min(2000, spec.limits.max_input_len - 64) - len(prompts[0]))]
     branches = [GenerationRequest(prefix + engine.encode(f" {k}"), 8) for k in range(5)]
     t0 = time.perf_counter()
     engine.generate(branches)
