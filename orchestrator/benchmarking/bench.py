@@ -134,7 +134,8 @@ class RequestTimeline:
         return self.ok and self.end_s is not None and bool(self.chunk_s)
 
 
-def distribution(values: Sequence[float], scale: float = 1.0, ps: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
+def distribution(values: Sequence[float], scale: float = 1.0,
+                 ps: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
     """``{"mean", "std", "min", "max", "p50", ...}`` of ``values * scale`` (``numpy``; population std,
     linear-interpolation percentiles); every entry None for an empty sample."""
     keys = ["mean", "std", "min", "max"] + [f"p{p}" for p in ps]
@@ -397,8 +398,10 @@ def register(subparsers) -> None:
     b.add_argument("--modes", default="ar,lr+sd",
                    help="comma-separated modes, run side by side; lr:adaptive / lr+sd:adaptive run that mode with "
                         "adaptive gamma")
-    b.add_argument("--slo", default=None, help="ttft_ms=X,tpot_ms=Y,e2e_ms=Z (goodput counts requests meeting all; unset: no goodput)")
-    b.add_argument("--max-tokens", type=int, default=None, help="new-token budget per request (unset: the server profile's)")
+    b.add_argument("--slo", default=None,
+                   help="ttft_ms=X,tpot_ms=Y,e2e_ms=Z (goodput counts requests meeting all; unset: no goodput)")
+    b.add_argument("--max-tokens", type=int, default=None,
+                   help="new-token budget per request (unset: the server profile's)")
     b.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     b.add_argument("--warmup", type=int, default=1, help="untimed warm-up requests per mode before timing")
     b.add_argument("--out", required=True, help="JSON report")
@@ -503,7 +506,8 @@ def cmd_bench(args) -> int:
     from pathlib import Path
 
     from ..evaluation.runner import load_with_spare, write_json
-    from .bench_report import environment, export_genai_perf, plot_bench, write_summary
+    from ..reporting import environment
+    from .bench_report import export_genai_perf, plot_bench, write_summary
 
     config = config_from_args(args)
     items, spare = load_with_spare(args.dataset, config.requests)  # the spare item (if any) is the warm-up's

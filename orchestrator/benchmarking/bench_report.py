@@ -2,105 +2,49 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import platform
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-
-def environment() -> dict:
-    """Date (UTC, ISO 8601), machine (host, OS, CPU model and count, GPUs from ``nvidia-smi -L``) and the
-    command line, for reports."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    gpus: list[str] = []
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-            gpus = [line.split(" (UUID")[0] for line in out.splitlines() if line.strip()]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"host": platform.node(), "os": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
-                        "gpus": gpus},
-            "command": "lookahead-reasoning " + " ".join(sys.argv[1:]) if sys.argv else ""}
-
-
-def measurement_lines(meas: dict | None) -> list[str]:
-    """Markdown bullet lines describing a ``measurement`` block (warm-up, order, prefix cache, bootstrap,
-    load; see ``evaluation.measurement_block``), its warning first when it has one; [] for None."""
-    if not meas:
-        return []
-    f = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
-    lines = [f"- **warning: {meas['warning']}**"] if meas.get("warning") else []
-    how = [f"{meas['warmup_requests_per_mode']} untimed warm-up request(s) per mode"
-           if "warmup_requests_per_mode" in meas else None,
-           f"order: {meas['order']}" if meas.get("order") else None,
-           f"prefix cache {meas['prefix_cache']}" if meas.get("prefix_cache") else None,
-           f"speedup intervals: 95% paired bootstrap over items, {meas['bootstrap_resamples']} resamples"
-           if meas.get("bootstrap_resamples") else None]
-    if any(how):
-        lines.append("- measurement: " + "; ".join(h for h in how if h))
-    lines.append(f"- 1-minute load average: {f(meas.get('load_avg_1min_start'))} at start, "
-                 f"{f(meas.get('load_avg_1min_end'))} at end (includes this run), {meas.get('cpu_count')} cores")
-    return lines
+from ..reporting import measurement_lines, mode_style, pyplot
 
 
 def _load_key(run: dict) -> str:
     return "concurrency" if "concurrency" in run else "request_rate"
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+#: The four latency panels of the bench plots: (metric key, axis label).
+_PANELS = (("ttft", "TTFT (ms)"), ("itl", "ITL per streamed chunk (ms)"), ("tpot", "TPOT (ms/token)"),
+           ("e2e", "E2E latency (ms)"))
 
 
-#: One colour, line style and marker per mode, the same in every plot (matplotlib's tab10 colours).
-MODE_STYLE = {"ar": ("tab:gray", "-", "o"), "sd": ("tab:blue", "--", "s"), "lr": ("tab:orange", ":", "^"),
-              "lr+sd": ("tab:green", "-.", "D")}
+def _load_axis(ax, key: str, loads: list) -> None:
+    """Label ``ax``'s x axis with the load ``key``; concurrency on a log2 scale ticked at the measured ``loads``;
+    grid, and a legend when the axis has labelled lines."""
+    ax.set_xlabel(key.replace("_", " "))
+    if key == "concurrency":
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(loads, [str(x) for x in loads])
+        ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 
-def mode_style(mode: str) -> tuple[str, str, str]:
-    """``(colour, line style, marker)`` of a mode; modes outside :data:`MODE_STYLE` get tab10's later colours."""
-    if mode in MODE_STYLE:
-        return MODE_STYLE[mode]
-    extra = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
-    return extra[sum(map(ord, mode)) % len(extra)], (0, (3, 1, 1, 1)), "v"
+def _save(plt, fig, path: Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (PNG, 120 dpi), close it; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
-def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
-    """Write ``latency_cdf.png`` (TTFT, ITL, TPOT, E2E CDFs per mode at each load), ``latency_vs_load.png``
-    (mean with a one-standard-deviation error bar, and p99, of each latency against load) and
-    ``goodput_speedup.png`` (goodput, or requests/s without SLOs, and speedup vs ``ar`` against load). A mode keeps
-    its colour, line style and marker (:data:`MODE_STYLE`) in every plot; load axes tick at the measured loads.
-    Returns the paths."""
-    from matplotlib.ticker import MaxNLocator
-
-    plt = _plt()
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    runs = doc["runs"]
-    modes = list(dict.fromkeys(r["mode"] for r in runs))
-    key = _load_key(runs[0]) if runs else "concurrency"
-    loads = list(dict.fromkeys(r[key] for r in runs))
-    panels = (("ttft", "TTFT (ms)"), ("itl", "ITL per streamed chunk (ms)"), ("tpot", "TPOT (ms/token)"),
-              ("e2e", "E2E latency (ms)"))
+def _plot_latency_cdf(plt, runs: list[dict], key: str, loads: list, path: Path) -> Path:
+    """``latency_cdf.png``: the TTFT, ITL, TPOT and E2E CDFs of every run, one line per mode and load (line width
+    grows with the load)."""
     widths = [0.8 + 1.6 * (i + 1) / max(1, len(loads)) for i in range(len(loads))]  # thicker = higher load
-
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.4))
-    for ax, (metric, label) in zip(axes, panels, strict=False):
+    for ax, (metric, label) in zip(axes, _PANELS, strict=False):
         for r in runs:
             vals = sorted(v for v in r.get("samples_ms", {}).get(metric, []) if v is not None)
             if not vals:
@@ -114,23 +58,14 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=7)
     fig.suptitle("Latency CDF per mode (line width: load)")
-    fig.tight_layout()
-    cdf = folder / "latency_cdf.png"
-    fig.savefig(cdf, dpi=120)
-    plt.close(fig)
+    return _save(plt, fig, path)
 
-    def load_axis(ax) -> None:
-        ax.set_xlabel(key.replace("_", " "))
-        if key == "concurrency":
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(loads, [str(x) for x in loads])
-            ax.minorticks_off()
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
 
+def _plot_latency_vs_load(plt, runs: list[dict], modes: list[str], key: str, loads: list, path: Path) -> Path:
+    """``latency_vs_load.png``: per latency and mode, the mean with a one-standard-deviation error bar (clipped to
+    the observed min..max) and the p99, against load."""
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.4))
-    for ax, (metric, label) in zip(axes, panels, strict=False):
+    for ax, (metric, label) in zip(axes, _PANELS, strict=False):
         for mode in modes:
             rs = [r for r in runs if r["mode"] == mode and r.get(f"{metric}_ms", {}).get("mean") is not None]
             if not rs:
@@ -146,12 +81,15 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
             ax.plot(xs, [r[f"{metric}_ms"]["p99"] for r in rs], color=colour, linestyle="none", marker="_",
                     markersize=12, label=f"{mode} p99")
         ax.set_ylabel(label)
-        load_axis(ax)
+        _load_axis(ax, key, loads)
     fig.suptitle("Latency against load")
-    fig.tight_layout()
-    vs_load = folder / "latency_vs_load.png"
-    fig.savefig(vs_load, dpi=120)
-    plt.close(fig)
+    return _save(plt, fig, path)
+
+
+def _plot_goodput_speedup(plt, runs: list[dict], modes: list[str], key: str, loads: list, path: Path) -> Path:
+    """``goodput_speedup.png``: goodput (requests/s without SLOs) and the speedup vs ``ar`` of each mode against
+    load; a request-rate axis ticks at integers when every load is one."""
+    from matplotlib.ticker import MaxNLocator
 
     has_slo = any(r.get("goodput_rps") is not None for r in runs)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
@@ -167,14 +105,28 @@ def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
     a2.set_ylabel("speedup vs ar (output tokens/s; one run per point)")
     a2.axhline(1.0, color="gray", linewidth=0.8)
     for ax in (a1, a2):
-        load_axis(ax)
+        _load_axis(ax, key, loads)
         if key != "concurrency":
             ax.xaxis.set_major_locator(MaxNLocator(integer=all(float(x).is_integer() for x in loads)))
-    fig.tight_layout()
-    gs = folder / "goodput_speedup.png"
-    fig.savefig(gs, dpi=120)
-    plt.close(fig)
-    return [cdf, vs_load, gs]
+    return _save(plt, fig, path)
+
+
+def plot_bench(doc: dict, folder: str | Path) -> list[Path]:
+    """Write ``latency_cdf.png`` (TTFT, ITL, TPOT, E2E CDFs per mode at each load), ``latency_vs_load.png``
+    (mean with a one-standard-deviation error bar, and p99, of each latency against load) and
+    ``goodput_speedup.png`` (goodput, or requests/s without SLOs, and speedup vs ``ar`` against load). A mode keeps
+    its colour, line style and marker (:data:`..reporting.MODE_STYLE`) in every plot; load axes tick at the
+    measured loads. Returns the paths."""
+    plt = pyplot()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = doc["runs"]
+    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    key = _load_key(runs[0]) if runs else "concurrency"
+    loads = list(dict.fromkeys(r[key] for r in runs))
+    return [_plot_latency_cdf(plt, runs, key, loads, folder / "latency_cdf.png"),
+            _plot_latency_vs_load(plt, runs, modes, key, loads, folder / "latency_vs_load.png"),
+            _plot_goodput_speedup(plt, runs, modes, key, loads, folder / "goodput_speedup.png")]
 
 
 def export_genai_perf(doc: dict, folder: str | Path) -> list[Path]:
@@ -186,7 +138,8 @@ def export_genai_perf(doc: dict, folder: str | Path) -> list[Path]:
 
     def stats(d: dict | None, unit: str) -> dict:
         d = d or {}
-        return {"unit": unit, "avg": d.get("mean"), **{k: d.get(k) for k in ("std", "min", "max", "p50", "p90", "p95", "p99")}}
+        return {"unit": unit, "avg": d.get("mean"),
+                **{k: d.get(k) for k in ("std", "min", "max", "p50", "p90", "p95", "p99")}}
 
     paths = []
     for r in doc["runs"]:
@@ -219,7 +172,8 @@ def _f(x, digits: int = 1) -> str:
 def summary_table(doc: dict) -> str:
     """The markdown table of a bench report: one row per mode and load."""
     head = ("| mode | load | ISL / OSL mean | TTFT p50/p90/p99 ms | ITL p50/p99 ms | TPOT p50/p99 ms "
-            "| E2E mean+-std, p50/p95/p99 ms | out tok/s | total tok/s | req/s | goodput req/s | speedup vs ar | failed |")
+            "| E2E mean+-std, p50/p95/p99 ms | out tok/s | total tok/s | req/s | goodput req/s | speedup vs ar "
+            "| failed |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in doc["runs"]:
         key = _load_key(r)
@@ -229,7 +183,8 @@ def summary_table(doc: dict) -> str:
             f"| {_f((r.get('isl') or {}).get('mean'), 0)} / {_f((r.get('osl') or {}).get('mean'), 0)} "
             f"| {_f(t['p50'])} / {_f(t['p90'])} / {_f(t['p99'])} | {_f(i['p50'])} / {_f(i['p99'])} "
             f"| {_f(p['p50'], 2)} / {_f(p['p99'], 2)} "
-            f"| {_f(e.get('mean'), 0)}+-{_f(e.get('std'), 0)}, {_f(e['p50'], 0)} / {_f(e.get('p95'), 0)} / {_f(e['p99'], 0)} "
+            f"| {_f(e.get('mean'), 0)}+-{_f(e.get('std'), 0)}, "
+            f"{_f(e['p50'], 0)} / {_f(e.get('p95'), 0)} / {_f(e['p99'], 0)} "
             f"| {_f(r['output_tokens_per_s'])} | {_f(r.get('total_tokens_per_s'))} | {_f(r['requests_per_s'], 3)} "
             f"| {_f(r['goodput_rps'], 3)} "
             f"| {_f(r.get('speedup_vs_ar'), 2)} | {r.get('failed', 0)} |")

@@ -121,7 +121,8 @@ def load_items(dataset: str, limit: int | None = None) -> list[EvalItem]:
 
         style = dataset.partition("-")[2] or DEFAULT_STYLE
         problems = generate_problems(limit or 200, EVAL_SEED, difficulty=DEFAULT_DIFFICULTY, style=style)
-        return [EvalItem(f"{dataset}-{i}", "synthetic", p.question, None, str(p.answer)) for i, p in enumerate(problems)]
+        return [EvalItem(f"{dataset}-{i}", "synthetic", p.question, None, str(p.answer))
+                for i, p in enumerate(problems)]
     if dataset in DATASET_FILES:
         path, stem = data_dir() / DATASET_FILES[dataset], dataset
         if not path.exists():
@@ -283,7 +284,8 @@ def _latex_to_py(s: str) -> str | None:
             s = s[:i] + f"(({a[0]})/({b[0]}))" + s[b[1]:]
         else:
             s = s[:i] + (f"(({a[0]})**(1/({root})))" if root else f"sqrt({a[0]})") + s[a[1]:]
-    for a, b in (("\\cdot", "*"), ("\\times", "*"), ("\\div", "/"), ("\\pi", "pi"), ("^", "**"), ("{", "("), ("}", ")")):
+    for a, b in (("\\cdot", "*"), ("\\times", "*"), ("\\div", "/"), ("\\pi", "pi"), ("^", "**"), ("{", "("),
+                 ("}", ")")):
         s = s.replace(a, b)
     if "\\" in s or re.search(r"[A-Za-z_]", re.sub(r"pi|sqrt", "", s)):
         return None
@@ -298,7 +300,8 @@ def _eval(node: ast.AST) -> float:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         v = _eval(node.operand)
         return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "sqrt" and len(node.args) == 1:
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "sqrt"
+            and len(node.args) == 1):
         return math.sqrt(_eval(node.args[0]))
     if isinstance(node, ast.BinOp):
         a, b = _eval(node.left), _eval(node.right)

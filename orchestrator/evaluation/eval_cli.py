@@ -69,7 +69,7 @@ def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> 
     """Markdown headline tables (per dataset: one row per mode, then the gamma sweep) with date, machine,
     command and how speed was measured (``common["measurement"]``, with its load warning), for
     ``benchmarks/RESULTS.md``. Speedups read ``"1.23 [1.10, 1.35]"``: the point estimate and its 95% interval."""
-    from ..benchmarking.bench_report import measurement_lines
+    from ..reporting import measurement_lines
     from .runner import format_speedup
 
     f = lambda x, d=2: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
@@ -101,6 +101,104 @@ def eval_markdown(docs: list[dict], common: dict, plots: list | None = None) -> 
     return "\n".join(lines) + "\n"
 
 
+#: The speculative modes: a ``--gamma`` sweep runs them at each gamma, and they need the calibrated cost model.
+_SPECULATIVE = ("lr", "lr+sd")
+
+
+def _eval_runs(base, modes: list[str], gammas: list[int]) -> dict:
+    """The named option sets every item runs under: one per mode and, with a ``--gamma`` sweep (several gammas),
+    ``ar`` (the sweep's baseline) and ``"<mode> gamma=<g>"`` for each speculative mode at each other gamma, all
+    interleaved item by item."""
+    from .runner import sweep_options
+
+    runs = {mode: base.model_copy(update={"mode": mode}) for mode in modes}
+    if len(gammas) > 1:
+        runs.setdefault("ar", base.model_copy(update={"mode": "ar"}))
+        runs.update({f"{m} gamma={g}": sweep_options(base, m, g)
+                     for m in modes if m in _SPECULATIVE for g in gammas if g != base.gamma})
+    return runs
+
+
+def _calibrate(reasoner, loaded: dict, base, gammas: list[int]):
+    """Calibrate ``reasoner``'s cost model on the first item of the first non-empty dataset, for every lookahead
+    depth the run uses; sets and returns it."""
+    from ..core.calibration import calibrate_reasoner
+    from .runner import uses_chat_template
+
+    first = next(it for its, _ in loaded.values() for it in its)
+    cost = calibrate_reasoner(reasoner, *first.request(uses_chat_template(reasoner)),
+                              ns=tuple(range(2, max(gammas + [base.gamma]) + 2)))
+    reasoner.cost_model = cost
+    return cost
+
+
+def _evaluate_datasets(reasoner, loaded: dict, runs: dict, modes: list[str], gammas: list[int], base_gamma: int,
+                       no_progress: bool, keep_outputs: bool) -> list[dict]:
+    """Each dataset's report document (:func:`.runner.report_json` of ``modes``, with a ``gamma_sweep`` when
+    sweeping): its warm-up on the spare item, then ``runs`` interleaved item by item, under one progress bar."""
+    from tqdm import tqdm
+
+    from .runner import WARMUP_REQUESTS, gamma_row, report_json, run_interleaved
+
+    docs = []
+    total = sum(len(its) for its, _ in loaded.values()) * len(runs)
+    with tqdm(total=total, desc="eval", unit="req", file=sys.stderr, disable=no_progress) as bar:
+        for name, (its, spare) in loaded.items():
+            reports = run_interleaved(reasoner, its, runs, progress=bar.update, keep_outputs=keep_outputs,
+                                      warmup=WARMUP_REQUESTS, warmup_item=spare)
+            extra = {}
+            if len(gammas) > 1:
+                extra["gamma_sweep"] = {
+                    m: [gamma_row(g, reports[m] if g == base_gamma else reports[f"{m} gamma={g}"], reports["ar"])
+                        for g in gammas]
+                    for m in modes if m in _SPECULATIVE}
+            docs.append(report_json(name, {m: reports[m] for m in modes}, extra))
+    return docs
+
+
+def _eval_measurement(load_start: float | None, loaded: dict) -> dict:
+    """The JSON's ``measurement`` block (:func:`.runner.measurement_block`): warm-up requests and the warm-up item
+    of each dataset, order, prefix cache, bootstrap, and the load at start and now."""
+    from .runner import (
+        BOOTSTRAP_RESAMPLES,
+        BOOTSTRAP_SEED,
+        INTERLEAVED_ORDER,
+        PREFIX_CACHE_NOTE,
+        WARMUP_REQUESTS,
+        measurement_block,
+    )
+
+    return measurement_block(
+        load_start, warmup_requests_per_mode=WARMUP_REQUESTS,
+        warmup_items={d: (f"{spare.id} (not measured)" if spare else f"{its[0].id} (the first measured item, once "
+                          "more untimed)") if its else None for d, (its, spare) in loaded.items()},
+        order=INTERLEAVED_ORDER, prefix_cache=PREFIX_CACHE_NOTE,
+        bootstrap_resamples=BOOTSTRAP_RESAMPLES, bootstrap_seed=BOOTSTRAP_SEED,
+        interval="speedup_vs_ar_ci95: 2.5th-97.5th percentiles of the paired bootstrap over items")
+
+
+def _write_reports(docs: list[dict], common: dict, plots_dir: str | None, out: str | None) -> None:
+    """Print each dataset's table and a load warning to stderr; write the plots into ``plots_dir`` and, with
+    ``out``, the JSON there and its markdown summary beside it (``.md``)."""
+    from rich.console import Console
+
+    from .runner import plot_eval, write_json
+
+    console = Console(file=sys.stderr)
+    for doc in docs:
+        console.print(_table(doc))
+    if common["measurement"].get("warning"):
+        print(f"warning: {common['measurement']['warning']}", file=sys.stderr)
+    plots = plot_eval(docs, plots_dir) if plots_dir else []
+    for p in plots:
+        console.print(f"plot: {p}")
+    if out:
+        write_json(out, {**docs[0], **common} if len(docs) == 1 else {"datasets": docs, **common})
+        md = Path(out).with_suffix(".md")
+        md.write_text(eval_markdown(docs, common, [os.path.relpath(p, md.parent) for p in plots]))
+        console.print(f"summary: {md}")
+
+
 def cmd_eval(args) -> int:
     """Validate everything, start the engines once, evaluate each dataset, write JSON and plots.
 
@@ -109,31 +207,11 @@ def cmd_eval(args) -> int:
     ``--gamma`` sweep, the speculative modes at each other gamma, and ``ar``) interleaved per item in a rotated
     order. The JSON gets a ``measurement`` block (see :func:`.runner.measurement_block`); a high load at
     the start is also printed to stderr and put in the markdown."""
-    from rich.console import Console
-    from tqdm import tqdm
-
-    from ..benchmarking.bench_report import environment
-    from ..core.calibration import calibrate_reasoner
     from ..core.lookahead import parse_modes
     from ..core.request import Limits, parse_request, request_values
     from ..profiles import build_reasoner_for, close_reasoner, load_profile
-    from .runner import (
-        BOOTSTRAP_RESAMPLES,
-        BOOTSTRAP_SEED,
-        INTERLEAVED_ORDER,
-        PREFIX_CACHE_NOTE,
-        WARMUP_REQUESTS,
-        gamma_row,
-        load_average,
-        load_with_spare,
-        measurement_block,
-        plot_eval,
-        report_json,
-        run_interleaved,
-        sweep_options,
-        uses_chat_template,
-        write_json,
-    )
+    from ..reporting import environment
+    from .runner import load_average, load_with_spare
 
     load_start = load_average()  # before this process loads the CPU: the 1-minute average counts it too
 
@@ -141,7 +219,6 @@ def cmd_eval(args) -> int:
     if args.limit is not None and args.limit <= 0:
         raise ValueError("--limit: must be > 0")
     gammas = parse_gammas(args.gamma)
-    sweep = len(gammas) > 1
     profile = load_profile(args.profile, args.config)
     cap = profile.max_gamma_cap
     if any(g > cap for g in gammas):
@@ -150,59 +227,19 @@ def cmd_eval(args) -> int:
     if not datasets:
         raise ValueError("--dataset: no dataset given")
     loaded = {d: load_with_spare(d, args.limit) for d in datasets}
-    items = {d: its for d, (its, _) in loaded.items()}
-    spec_modes = [m for m in modes if m in ("lr", "lr+sd")]
     values = request_values(args, skip=EVAL_SKIP)
-    values.update({"mode": modes[0], "gamma": None if sweep or not gammas else gammas[0]})
+    values.update({"mode": modes[0], "gamma": None if len(gammas) > 1 or not gammas else gammas[0]})
     _, base = parse_request(values, profile.options, Limits(max_gamma=cap), require_input=False)
     reasoner = build_reasoner_for(profile, base, modes)
-    runs = {mode: base.model_copy(update={"mode": mode}) for mode in modes}
-    if sweep:  # the other gammas (and ar, the sweep's baseline) interleaved with the modes, item by item
-        runs.setdefault("ar", base.model_copy(update={"mode": "ar"}))
-        runs.update({f"{m} gamma={g}": sweep_options(base, m, g)
-                     for m in spec_modes for g in gammas if g != base.gamma})
-    docs = []
+    runs = _eval_runs(base, modes, gammas)
     try:
-        cost = None
-        if spec_modes:
-            first = next(it for its in items.values() for it in its)
-            cost = calibrate_reasoner(reasoner, *first.request(uses_chat_template(reasoner)),
-                                      ns=tuple(range(2, max(gammas + [base.gamma]) + 2)))
-            reasoner.cost_model = cost
-        total = sum(len(v) for v in items.values()) * len(runs)
-        with tqdm(total=total, desc="eval", unit="req", file=sys.stderr, disable=args.no_progress) as bar:
-            for name, (its, spare) in loaded.items():
-                reports = run_interleaved(reasoner, its, runs, progress=bar.update, keep_outputs=args.keep_outputs,
-                                          warmup=WARMUP_REQUESTS, warmup_item=spare)
-                extra = {}
-                if sweep:
-                    extra["gamma_sweep"] = {
-                        m: [gamma_row(g, reports[m] if g == base.gamma else reports[f"{m} gamma={g}"], reports["ar"])
-                            for g in gammas]
-                        for m in spec_modes}
-                docs.append(report_json(name, {m: reports[m] for m in modes}, extra))
+        cost = _calibrate(reasoner, loaded, base, gammas) if any(m in _SPECULATIVE for m in modes) else None
+        docs = _evaluate_datasets(reasoner, loaded, runs, modes, gammas, base.gamma, args.no_progress,
+                                  args.keep_outputs)
     finally:
         close_reasoner(reasoner)
-    measurement = measurement_block(
-        load_start, warmup_requests_per_mode=WARMUP_REQUESTS,
-        warmup_items={d: (f"{spare.id} (not measured)" if spare else f"{its[0].id} (the first measured item, once "
-                          "more untimed)") if its else None for d, (its, spare) in loaded.items()},
-        order=INTERLEAVED_ORDER, prefix_cache=PREFIX_CACHE_NOTE,
-        bootstrap_resamples=BOOTSTRAP_RESAMPLES, bootstrap_seed=BOOTSTRAP_SEED,
-        interval="speedup_vs_ar_ci95: 2.5th-97.5th percentiles of the paired bootstrap over items")
+    measurement = _eval_measurement(load_start, loaded)
     common = {"cost_model": cost.to_dict() if cost else None, "options": base.model_dump(mode="json"),
               "measurement": measurement, **environment()}
-    console = Console(file=sys.stderr)
-    for doc in docs:
-        console.print(_table(doc))
-    if measurement.get("warning"):
-        print(f"warning: {measurement['warning']}", file=sys.stderr)
-    plots = plot_eval(docs, args.plots) if args.plots else []
-    for p in plots:
-        console.print(f"plot: {p}")
-    if args.out:
-        write_json(args.out, {**docs[0], **common} if len(docs) == 1 else {"datasets": docs, **common})
-        md = Path(args.out).with_suffix(".md")
-        md.write_text(eval_markdown(docs, common, [os.path.relpath(p, md.parent) for p in plots]))
-        console.print(f"summary: {md}")
+    _write_reports(docs, common, args.plots, args.out)
     return 0

@@ -454,15 +454,13 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
     the binomial standard error ``sqrt(p (1 - p) / n)`` over the ``n`` steps verified at that depth) and, when a
     document has a ``gamma_sweep``, ``speedup_vs_gamma.png`` (measured tokens/s speedup over ``ar`` with its 95%
     paired-bootstrap interval; dotted: the analytic estimate of :mod:`..core.metrics`). A mode keeps its colour, line
-    style and marker in every plot (:data:`..benchmarking.bench_report.MODE_STYLE`); depth and gamma axes tick at integers.
+    style and marker in every plot (:data:`..reporting.MODE_STYLE`); depth and gamma axes tick at integers.
     Returns the written paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from ..benchmarking.bench_report import mode_style
+    from ..reporting import mode_style, pyplot
+
+    plt = pyplot()
 
     def finish(ax, **labels) -> None:  # integer x ticks, grid, legend
         ax.set(**labels)
@@ -499,7 +497,8 @@ def plot_eval(docs: Sequence[dict], folder: str | Path) -> list[Path]:
                 g = [r["gamma"] for r in rows]
                 y = [r["speedup_vs_ar"] for r in rows]
                 cis = [r.get("speedup_vs_ar_ci95") or [v, v] for r, v in zip(rows, y, strict=False)]
-                err = [[v - lo for v, (lo, _) in zip(y, cis, strict=False)], [hi - v for v, (_, hi) in zip(y, cis, strict=False)]]
+                err = [[v - lo for v, (lo, _) in zip(y, cis, strict=False)],
+                       [hi - v for v, (_, hi) in zip(y, cis, strict=False)]]
                 ax.errorbar(g, y, yerr=err, color=colour, linestyle=line, marker=marker, capsize=3,
                             label=f"{mode} measured (95% CI)")
                 est = [(r["gamma"], r["speedup_estimate"]) for r in rows if r.get("speedup_estimate") is not None]

@@ -346,12 +346,18 @@ _FRAMES: dict[str, tuple[str, str, str]] = {
     # running quantity starts as a product
     "total": ("{Name} {verb} {x} {op} {y} = {r} {u}.", "That is {x} {op} {y} = {r} {u} in all.", "{x} {op} {y} = {r}."),
     # a separate product (extra boxes, other items, more hours)
-    "part": ("The {what} {partverb} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} for the {what}.", "That part is {x} {op} {y} = {r}."),
-    "add": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} in total.", "That makes {x} {op} {y} = {r}."),
-    "sub": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} after that.", "That leaves {x} {op} {y} = {r}."),
-    "scale": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} after that.", "That makes {x} {op} {y} = {r}."),
-    "div": ("Each {share} gets {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} for each {share}.", "So it is {x} {op} {y} = {r}."),
-    "change": ("{Pron} gets {x} {op} {y} = {r} dollars back.", "The change is {x} {op} {y} = {r} dollars.", "{x} {op} {y} = {r}."),
+    "part": ("The {what} {partverb} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} for the {what}.",
+             "That part is {x} {op} {y} = {r}."),
+    "add": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} in total.",
+            "That makes {x} {op} {y} = {r}."),
+    "sub": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} after that.",
+            "That leaves {x} {op} {y} = {r}."),
+    "scale": ("Now {state} {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} after that.",
+              "That makes {x} {op} {y} = {r}."),
+    "div": ("Each {share} gets {x} {op} {y} = {r} {u}.", "{x} {op} {y} = {r} {u} for each {share}.",
+            "So it is {x} {op} {y} = {r}."),
+    "change": ("{Pron} gets {x} {op} {y} = {r} dollars back.", "The change is {x} {op} {y} = {r} dollars.",
+               "{x} {op} {y} = {r}."),
 }
 STEP_KINDS = tuple(_FRAMES)
 
@@ -617,38 +623,28 @@ def _divisors(v: int) -> list[int]:
     return [k for k in range(2, 10) if v % k == 0 and v // k >= 2]
 
 
-def _generate_one(rng: random.Random, difficulty: int, style: str = "short", voice: int = 0) -> Problem:
-    level = _LEVELS[difficulty]
-    if style == "long":
-        level = _Level(_LONG_STEPS[difficulty], level.count, level.per, level.delta, level.cap)
-    name, gender = _NAMES[rng.randrange(len(_NAMES))]
-    pron, pobj, pposs = _PRON[gender]
-    Pron = pron.capitalize()
-    scenario = _choose(rng, ("count", "count", "shop", "work"))
-    n_steps = _rint(rng, level.steps)
-
+def _scenario_item(rng: random.Random, scenario: str) -> tuple[str, str, str, str]:
+    """``(item, box, boxes, unit)`` of a scenario, drawn from ``rng``: the counted things and their box (singular,
+    plural) for ``count``; the goods (``shop``) or the job (``work``), both in dollars and without boxes."""
     if scenario == "count":
         item, box, boxes = _COUNT_ITEMS[rng.randrange(len(_COUNT_ITEMS))]
-        unit = item
-    elif scenario == "shop":
-        item = _SHOP_ITEMS[rng.randrange(len(_SHOP_ITEMS))]
-        unit = "dollars"
-        box = boxes = ""
-    else:
-        item = _JOBS[rng.randrange(len(_JOBS))]
-        unit = "dollars"
-        box = boxes = ""
-    ctx = ProblemContext(scenario, name, pron, pobj, pposs, unit, item, voice)
-    bld = _Builder(ctx, level, rng)
+        return item, box, boxes, item
+    if scenario == "shop":
+        return _SHOP_ITEMS[rng.randrange(len(_SHOP_ITEMS))], "", "", "dollars"
+    return _JOBS[rng.randrange(len(_JOBS))], "", "", "dollars"
 
-    # --- first quantity: a product (1 step)
+
+def _first_quantity(bld: _Builder, box: str, boxes: str) -> None:
+    """The problem's first given, a product (how many x how much each), and its step; sets the running value."""
+    rng, ctx, level = bld.rng, bld.ctx, bld.level
+    name, item = ctx.name, ctx.item
     a, b = _rint(rng, level.count), _rint(rng, level.per)
-    if scenario == "count":
+    if ctx.scenario == "count":
         s = _choose(rng, (
             f"{name} has {a} {boxes} of {item}. Each {box} holds {b} {item}.",
             f"{name} buys {a} {boxes} of {item} with {b} {item} in each {box}.",
         ))
-    elif scenario == "shop":
+    elif ctx.scenario == "shop":
         s = _choose(rng, (
             f"{name} buys {a} {item} for ${b} each.",
             f"{name} buys {a} {item}. Each one costs ${b}.",
@@ -661,70 +657,110 @@ def _generate_one(rng: random.Random, difficulty: int, style: str = "short", voi
     bld.sentences.append(s)
     bld.value = bld.step("total", "x", a, b)
 
-    # --- middle events until one step is left for the final event (or the steps run out)
-    def remaining() -> int:
-        return n_steps - len(bld.comps)
 
-    final_kind = None
-    if remaining() >= 1:
-        # the last step: division / change / a plain event
-        opts = ["plain"]
-        if scenario in ("count", "shop", "work"):
-            opts += ["div"]
-        if scenario == "shop":
-            opts += ["change", "change"]
-        final_kind = _choose(rng, opts)
+def _pick_final(rng: random.Random, scenario: str) -> str:
+    """The kind of a problem's last event: ``plain`` (one more middle event), ``div`` (a fair share) or, when
+    shopping, ``change`` (paying with a bill)."""
+    opts = ["plain"]
+    if scenario in ("count", "shop", "work"):
+        opts += ["div"]
+    if scenario == "shop":
+        opts += ["change", "change"]
+    return _choose(rng, opts)
 
-    while remaining() > (1 if final_kind in ("div", "change") else 0):
-        room = remaining() - (1 if final_kind in ("div", "change") else 0)
-        ev = _pick_event(rng, scenario, room)
-        _apply_event(bld, ev, rng, name, pron, Pron, pposs, item, box, boxes)
 
-    question_tail = ""
-    if final_kind == "div":
-        ks = _divisors(bld.value)
-        if not ks:
-            # make it divisible: adjust with one more add/sub is not possible (no step left), so retarget
-            # the final event to a plain +/- event.
-            final_kind = "plain_last"
+def _share_event(bld: _Builder) -> str | None:
+    """The running value shared equally among ``k`` (a divisor in 2..9, drawn from ``bld.rng``) as the last event
+    and step; returns its question. None, drawing nothing, when the value has no such divisor."""
+    ks = _divisors(bld.value)
+    if not ks:
+        return None
+    rng, ctx = bld.rng, bld.ctx
+    Pron, item = ctx.pron.capitalize(), ctx.item
+    k = ks[rng.randrange(len(ks))]
+    if ctx.scenario == "count":
+        shares, share = _SHARES[rng.randrange(len(_SHARES))]
+        if shares == "boxes" and item == "beads":
+            shares, share = "bags", "bag"
+        bld.sentences.append(_choose(rng, (
+            f"{Pron} shares the {item} equally among {k} {shares}.",
+            f"{Pron} splits the {item} equally into {k} {shares}.",
+        )))
+        question = f"How many {item} does each {share} get?"
+    else:
+        shares, share = "people", "person"
+        if ctx.scenario == "shop":
+            bld.sentences.append(f"{Pron} splits the cost equally among {k} people.")
+            question = "How much does each person pay?"
         else:
-            k = ks[rng.randrange(len(ks))]
-            if scenario == "count":
-                shares, share = _SHARES[rng.randrange(len(_SHARES))]
-                if shares == "boxes" and item == "beads":
-                    shares, share = "bags", "bag"
-                bld.sentences.append(_choose(rng, (
-                    f"{Pron} shares the {item} equally among {k} {shares}.",
-                    f"{Pron} splits the {item} equally into {k} {shares}.",
-                )))
-                question_tail = f"How many {item} does each {share} get?"
-            else:
-                shares, share = "people", "person"
-                if scenario == "shop":
-                    bld.sentences.append(f"{Pron} splits the cost equally among {k} people.")
-                    question_tail = "How much does each person pay?"
-                else:
-                    bld.sentences.append(f"{Pron} shares the money equally among {k} people.")
-                    question_tail = "How much does each person get?"
-            bld.value = bld.step("div", "/", bld.value, k, _StepSlots(share=share))
-    if final_kind == "change":
-        bills = [x for x in (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if x > bld.value]
-        bill = bills[0]
-        bld.sentences.append(f"{Pron} pays with a ${bill} bill.")
-        question_tail = f"How much change does {pron} get?"
-        bld.value = bld.step("change", "-", bill, bld.value)
-    if final_kind == "plain_last":
-        # one step left: a plain add or subtract event
-        ev = "sub" if bld.value > 2 and rng.random() < 0.5 else "add"
-        _apply_event(bld, ev, rng, name, pron, Pron, pposs, item, box, boxes)
+            bld.sentences.append(f"{Pron} shares the money equally among {k} people.")
+            question = "How much does each person get?"
+    bld.value = bld.step("div", "/", bld.value, k, _StepSlots(share=share))
+    return question
 
-    if not question_tail:
-        question_tail = {
-            "count": _choose(rng, (f"How many {item} does {name} have now?", f"How many {item} does {pron} have in the end?")),
-            "shop": _choose(rng, (f"How much does {name} spend in total?", f"How much money does {pron} spend?")),
-            "work": _choose(rng, (f"How much money does {name} have now?", f"How much does {pron} have in the end?")),
-        }[scenario]
-    bld.sentences.append(question_tail)
+
+def _change_event(bld: _Builder) -> str:
+    """Paying with the smallest bill above the running value as the last event, the change as the last step;
+    returns its question."""
+    bill = [x for x in (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if x > bld.value][0]
+    bld.sentences.append(f"{bld.ctx.pron.capitalize()} pays with a ${bill} bill.")
+    bld.value = bld.step("change", "-", bill, bld.value)
+    return f"How much change does {bld.ctx.pron} get?"
+
+
+def _last_event(bld: _Builder, final_kind: str | None, box: str, boxes: str) -> str:
+    """The last event of a problem whose middle events left one step for it (``div``, ``change``; a ``div`` whose
+    value has no divisor becomes a plain add or subtract event) and its question; ``""`` when the problem ends with
+    :func:`_default_question` (``plain`` and None: the middle events took every step)."""
+    if final_kind == "div":
+        question = _share_event(bld)
+        if question is not None:
+            return question
+        final_kind = "plain_last"  # not divisible, and no step left to make it so: a plain +/- event instead
+    if final_kind == "change":
+        return _change_event(bld)
+    if final_kind == "plain_last":
+        rng, ctx = bld.rng, bld.ctx
+        ev = "sub" if bld.value > 2 and rng.random() < 0.5 else "add"
+        _apply_event(bld, ev, rng, ctx.name, ctx.pron, ctx.pron.capitalize(), ctx.pron_poss, ctx.item, box, boxes)
+    return ""
+
+
+def _default_question(rng: random.Random, ctx: ProblemContext) -> str:
+    """The question of a problem whose last event asks none: how many are left, or how much was spent or earned.
+    It draws a wording for every scenario before picking ``ctx``'s, as it always has (seeded problems depend on
+    those draws)."""
+    name, pron, item = ctx.name, ctx.pron, ctx.item
+    return {
+        "count": _choose(rng, (f"How many {item} does {name} have now?",
+                               f"How many {item} does {pron} have in the end?")),
+        "shop": _choose(rng, (f"How much does {name} spend in total?", f"How much money does {pron} spend?")),
+        "work": _choose(rng, (f"How much money does {name} have now?", f"How much does {pron} have in the end?")),
+    }[ctx.scenario]
+
+
+def _generate_one(rng: random.Random, difficulty: int, style: str = "short", voice: int = 0) -> Problem:
+    """One problem drawn from ``rng``: a name and scenario, a first product, middle events until the step count
+    (or all but the last event's step) is used, the last event, the question; then its steps in ``style``."""
+    level = _LEVELS[difficulty]
+    if style == "long":
+        level = _Level(_LONG_STEPS[difficulty], level.count, level.per, level.delta, level.cap)
+    name, gender = _NAMES[rng.randrange(len(_NAMES))]
+    pron, pobj, pposs = _PRON[gender]
+    scenario = _choose(rng, ("count", "count", "shop", "work"))
+    n_steps = _rint(rng, level.steps)
+    item, box, boxes, unit = _scenario_item(rng, scenario)
+    ctx = ProblemContext(scenario, name, pron, pobj, pposs, unit, item, voice)
+    bld = _Builder(ctx, level, rng)
+    _first_quantity(bld, box, boxes)
+
+    # middle events until one step is left for the last event (or the steps run out)
+    final_kind = _pick_final(rng, scenario) if n_steps - len(bld.comps) >= 1 else None
+    reserved = 1 if final_kind in ("div", "change") else 0
+    while n_steps - len(bld.comps) > reserved:
+        ev = _pick_event(rng, scenario, n_steps - len(bld.comps) - reserved)
+        _apply_event(bld, ev, rng, name, pron, pron.capitalize(), pposs, item, box, boxes)
+    bld.sentences.append(_last_event(bld, final_kind, box, boxes) or _default_question(rng, ctx))
 
     calcs = [StepSpec(k, c, slots=sl) for k, c, sl in zip(bld.kinds, bld.comps, bld.slots, strict=False)]
     specs = calcs if style == "short" else _trace_specs(bld, calcs)
@@ -795,7 +831,8 @@ def _apply_event(bld: _Builder, ev: str, rng: random.Random, name: str, pron: st
         k = max(k, 1)
         if sc == "count":
             other = _OTHERS[rng.randrange(len(_OTHERS))].format(poss=pposs)
-            s = _choose(rng, (f"{Pron} gives {k} {item} to {other}.", f"{Pron} loses {k} {item}.", f"{Pron} uses {k} {item}."))
+            s = _choose(rng, (f"{Pron} gives {k} {item} to {other}.", f"{Pron} loses {k} {item}.",
+                              f"{Pron} uses {k} {item}."))
         elif sc == "shop":
             s = _choose(rng, (f"{Pron} uses a coupon for ${k} off.", f"{Pron} gets a ${k} discount."))
         else:
@@ -820,7 +857,8 @@ def _apply_event(bld: _Builder, ev: str, rng: random.Random, name: str, pron: st
         elif sc == "shop":
             other_items = [x for x in _SHOP_ITEMS if x != item]
             it2 = other_items[rng.randrange(len(other_items))]
-            s = _choose(rng, (f"{Pron} also buys {c} {it2} for ${d} each.", f"{Pron} also buys {c} {it2}. Each one costs ${d}."))
+            s = _choose(rng, (f"{Pron} also buys {c} {it2} for ${d} each.",
+                              f"{Pron} also buys {c} {it2}. Each one costs ${d}."))
             what = it2
         else:
             s = f"{Pron} works {c} more hours at ${d} per hour."
@@ -900,9 +938,10 @@ def generate_step_pairs(n: int, seed: int, difficulty: int | None = None, style:
     About half the pairs are equivalent: the same computation in another wording (other sentence frame,
     with or without units, swapped operands of ``+``/``x``), a few identical. The rest are hard negatives:
     the same or another wording with one digit changed in the result or in an operand, other operands
-    (a number of the problem), another operation on the same operands, swapped operands of ``-``/``/``, other operands with the
-    same result (``2 x 40 = 80`` for ``20 x 4 = 80``), or a different step of the same problem. About 6% are answer lines (``"#### N"``: equal, another
-    number, or against a step). Which step is "A" is random. Labels come from
+    (a number of the problem), another operation on the same operands, swapped operands of ``-``/``/``, other
+    operands with the same result (``2 x 40 = 80`` for ``20 x 4 = 80``), or a different step of the same problem.
+    About 6% are answer lines (``"#### N"``: equal, another number, or against a step). Which step is "A" is
+    random. Labels come from
     :func:`steps_equivalent` (so they always agree with it).
 
     Args:
@@ -977,9 +1016,6 @@ def generate_same_number_pairs(n: int, seed: int, style: str = "long") -> list[S
     rng = random.Random(seed)
     pairs: list[StepPair] = []
 
-    def reworded(prob: Problem, j: int) -> str:
-        return render_spec(prob.specs[j], prob.context, *_other_style(rng, prob.specs[j], *_style_at(prob, j)))
-
     def ordered(a: str, b: str) -> StepPair:
         a, b = (a, b) if rng.random() < 0.5 else (b, a)
         return StepPair(a, b, steps_equivalent(a, b))
@@ -993,10 +1029,10 @@ def generate_same_number_pairs(n: int, seed: int, style: str = "long") -> list[S
         if not same:
             continue
         i, j = same[rng.randrange(len(same))]
-        other = prob.steps[j] if rng.random() < 0.5 else reworded(prob, j)
+        other = prob.steps[j] if rng.random() < 0.5 else _reworded(rng, prob, j)
         pairs.append(ordered(prob.steps[i], other))
         if len(pairs) < n:
-            pairs.append(ordered(prob.steps[i], reworded(prob, i)))
+            pairs.append(ordered(prob.steps[i], _reworded(rng, prob, i)))
     return pairs
 
 
@@ -1018,7 +1054,8 @@ def _same_result_operands(rng: random.Random, comp: Computation) -> tuple[int, i
 
 def _render_steps(specs: Sequence[StepSpec], ctx: ProblemContext, style: str) -> list[str]:
     """Every step of a solution worded for ``ctx`` (its voice included) by :func:`step_style`."""
-    return [render_spec(sp, ctx, *step_style(ctx, i, sp.kind if style == "long" else None)) for i, sp in enumerate(specs)]
+    return [render_spec(sp, ctx, *step_style(ctx, i, sp.kind if style == "long" else None))
+            for i, sp in enumerate(specs)]
 
 
 def _other_event(rng: random.Random, prob: Problem, spec: StepSpec) -> str:
@@ -1041,93 +1078,150 @@ def _style_at(prob: Problem, j: int) -> tuple[int, int]:
     return step_style(prob.context, j, prob.specs[j].kind if prob.style == "long" else None)
 
 
-def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
-    ctx, spec = prob.context, prob.specs[j]
-    comp = spec.computation
-    frame, order = _style_at(prob, j)
-    gold = prob.steps[j]
+def _variant(prob: Problem, j: int, frame_order: tuple[int, int], c: Computation | None = None, **changes) -> str:
+    """Step ``j`` of ``prob`` worded with ``frame_order`` (frame, operand order), its computation replaced by ``c``
+    (kept when None) and other :class:`StepSpec` fields by ``changes``."""
+    spec = prob.specs[j]
+    spec = replace(spec, computation=c if c is not None else spec.computation, **changes)
+    return render_spec(spec, prob.context, *frame_order)
 
-    def render(c: Computation | None = None, f: int = frame, o: int = order, **changes) -> str:
-        return render_spec(replace(spec, computation=c if c is not None else comp, **changes), ctx, f, o)
 
-    def maybe_reword(c: Computation | None = None, **changes) -> str:
-        if rng.random() < 0.5:
-            return render(c, **changes)
-        return render(c, *_other_style(rng, spec, frame, order), **changes)
+def _reworded(rng: random.Random, prob: Problem, j: int) -> str:
+    """Step ``j`` of ``prob`` unchanged in meaning, in another wording than its gold one (drawn from ``rng``)."""
+    return _variant(prob, j, _other_style(rng, prob.specs[j], *_style_at(prob, j)))
 
-    def another_step() -> str:  # a different step of the same problem (gold or other wording)
-        others = [i for i in range(len(prob.steps)) if i != j]
-        i = others[rng.randrange(len(others))]
-        if rng.random() < 0.5:
-            return prob.steps[i]
-        f, o = _other_style(rng, prob.specs[i], *_style_at(prob, i))
-        return render_spec(prob.specs[i], ctx, f, o)
 
-    u = rng.random()
-    if comp is None:  # trace steps without arithmetic: plan, given, summary, conclude, close, final
-        if u < 0.05 or spec.kind == "close" and u < 0.5:
-            other = gold
-        elif u < 0.5:
-            other = render(None, *_other_style(rng, spec, frame, order))
-        elif u < 0.75 and spec.value is not None:  # the same kind stating another number
-            other = maybe_reword(value=_change_digit(rng, spec.value))
-        elif u < 0.62 and spec.kind == "given" and (event := _other_event(rng, prob, spec)):
-            other = maybe_reword(sentence=event)  # the same numbers, another event
-        elif u < 0.75 and spec.kind == "given":  # the same sentence with one number changed
-            nums = re.findall(r"\d+", spec.sentence)
-            if nums:
-                k = rng.randrange(len(nums))
-                parts = re.split(r"(\d+)", spec.sentence)
-                parts[2 * k + 1] = str(_change_digit(rng, int(nums[k])))
-                other = maybe_reword(sentence="".join(parts))
-            else:
-                other = another_step()
-        else:
-            other = another_step()
-        a, b = (gold, other) if rng.random() < 0.5 else (other, gold)
-        return StepPair(a, b, steps_equivalent(a, b))
+def _maybe_reworded(rng: random.Random, prob: Problem, j: int, c: Computation | None = None, **changes) -> str:
+    """:func:`_variant` of step ``j`` in its gold wording or, half the time, in another one (drawn from ``rng``)."""
+    frame_order = _style_at(prob, j)
+    if rng.random() < 0.5:
+        return _variant(prob, j, frame_order, c, **changes)
+    return _variant(prob, j, _other_style(rng, prob.specs[j], *frame_order), c, **changes)
+
+
+def _another_step(rng: random.Random, prob: Problem, j: int) -> str:
+    """A step of ``prob`` other than ``j``, in its gold wording or, half the time, in another one."""
+    others = [i for i in range(len(prob.steps)) if i != j]
+    i = others[rng.randrange(len(others))]
+    if rng.random() < 0.5:
+        return prob.steps[i]
+    return _reworded(rng, prob, i)
+
+
+def _given_number_changed(rng: random.Random, prob: Problem, j: int) -> str:
+    """Given step ``j`` with one of its numbers changed in one digit (maybe reworded); another step of ``prob``
+    when the sentence has no number."""
+    sentence = prob.specs[j].sentence
+    nums = re.findall(r"\d+", sentence)
+    if not nums:
+        return _another_step(rng, prob, j)
+    k = rng.randrange(len(nums))
+    parts = re.split(r"(\d+)", sentence)
+    parts[2 * k + 1] = str(_change_digit(rng, int(nums[k])))
+    return _maybe_reworded(rng, prob, j, sentence="".join(parts))
+
+
+def _counterpart_without_computation(rng: random.Random, prob: Problem, j: int, u: float) -> str:
+    """The other side of a pair for trace step ``j`` without arithmetic (plan, given, summary, conclude, close,
+    final), chosen by ``u`` in [0, 1): the same text, another wording, another number in the same kind, another
+    given with the same numbers, the given with a number changed, or another step."""
+    spec = prob.specs[j]
+    if u < 0.05 or spec.kind == "close" and u < 0.5:
+        return prob.steps[j]
+    if u < 0.5:
+        return _reworded(rng, prob, j)
+    if u < 0.75 and spec.value is not None:  # the same kind stating another number
+        return _maybe_reworded(rng, prob, j, value=_change_digit(rng, spec.value))
+    if u < 0.62 and spec.kind == "given" and (event := _other_event(rng, prob, spec)):
+        return _maybe_reworded(rng, prob, j, sentence=event)  # the same numbers, another event
+    if u < 0.75 and spec.kind == "given":  # the same sentence with one number changed
+        return _given_number_changed(rng, prob, j)
+    return _another_step(rng, prob, j)
+
+
+def _operand_digit_changed(rng: random.Random, comp: Computation) -> Computation:
+    """``comp`` with one digit of one operand changed; its result recomputed half the time (kept when the new
+    operands give none, or a negative one)."""
+    x, y = comp.operands
+    if rng.random() < 0.5:
+        ops = (_change_digit(rng, x), y)
+    else:
+        ops = (x, _change_digit(rng, y))
+    r = _apply(comp.op, *ops)
+    if r is None or r < 0 or rng.random() < 0.5:
+        r = comp.result
+    return Computation(comp.op, ops, r)
+
+
+def _problem_number_operand(rng: random.Random, prob: Problem, comp: Computation) -> Computation:
+    """``comp`` with one operand replaced by another number of ``prob`` (an operand or result of its computations),
+    its result recomputed (kept when there is none, or a negative one)."""
+    x, y = comp.operands
+    numbers = sorted({c.result for c in prob.computations} | {v for c in prob.computations for v in c.operands})
+    numbers = [v for v in numbers if v not in comp.operands] or [x + 1]
+    v = numbers[rng.randrange(len(numbers))]
+    ops = (v, y) if rng.random() < 0.5 else (x, v)
+    r = _apply(comp.op, *ops)
+    return Computation(comp.op, ops, r if r is not None and r >= 0 else comp.result)
+
+
+def _other_operation(rng: random.Random, comp: Computation) -> Computation:
+    """Another operation on ``comp``'s operands, its result computed (kept when there is none, or a negative one)."""
+    x, y = comp.operands
+    ops2 = [o for o in OPS if o != comp.op]
+    op2 = ops2[rng.randrange(len(ops2))]
+    r = _apply(op2, x, y)
+    return Computation(op2, comp.operands, r if r is not None and r >= 0 else comp.result)
+
+
+def _counterpart_with_computation(rng: random.Random, prob: Problem, j: int, u: float) -> str:
+    """The other side of a pair for step ``j`` with a computation, chosen by ``u`` in [0, 1): the same text,
+    another wording, or a hard negative (a result or operand digit changed, another number of the problem as an
+    operand, another operation, swapped operands of ``-``/``/``, other operands with the same result, another
+    step)."""
+    comp = prob.specs[j].computation
     x, y = comp.operands
     if u < 0.05:
-        other = gold
-    elif u < 0.5:
-        other = render(comp, *_other_style(rng, spec, frame, order))
-    elif u < 0.64:  # result digit changed
-        other = maybe_reword(Computation(comp.op, comp.operands, _change_digit(rng, comp.result)))
-    elif u < 0.74:  # operand digit changed, result unchanged or recomputed
-        if rng.random() < 0.5:
-            ops = (_change_digit(rng, x), y)
-        else:
-            ops = (x, _change_digit(rng, y))
-        r = _apply(comp.op, *ops)
-        if r is None or r < 0 or rng.random() < 0.5:
-            r = comp.result
-        other = maybe_reword(Computation(comp.op, ops, r))
-    elif u < 0.80:  # another number of the problem as an operand
-        numbers = sorted({c.result for c in prob.computations} | {v for c in prob.computations for v in c.operands})
-        numbers = [v for v in numbers if v not in comp.operands] or [x + 1]
-        v = numbers[rng.randrange(len(numbers))]
-        ops = (v, y) if rng.random() < 0.5 else (x, v)
-        r = _apply(comp.op, *ops)
-        other = maybe_reword(Computation(comp.op, ops, r if r is not None and r >= 0 else comp.result))
-    elif u < 0.86:  # another operation on the same operands
-        ops2 = [o for o in OPS if o != comp.op]
-        op2 = ops2[rng.randrange(len(ops2))]
-        r = _apply(op2, x, y)
-        other = maybe_reword(Computation(op2, comp.operands, r if r is not None and r >= 0 else comp.result))
-    elif u < 0.90 and comp.op not in COMMUTATIVE:  # swapped operands of - or /
-        other = maybe_reword(Computation(comp.op, (y, x), comp.result))
-    elif u < 0.95 and (ops := _same_result_operands(rng, comp)):  # "2 x 40 = 80" for "20 x 4 = 80"
-        other = maybe_reword(Computation(comp.op, ops, comp.result))
+        return prob.steps[j]
+    if u < 0.5:
+        return _reworded(rng, prob, j)
+    if u < 0.64:  # result digit changed
+        return _maybe_reworded(rng, prob, j, Computation(comp.op, comp.operands, _change_digit(rng, comp.result)))
+    if u < 0.74:  # operand digit changed, result unchanged or recomputed
+        return _maybe_reworded(rng, prob, j, _operand_digit_changed(rng, comp))
+    if u < 0.80:  # another number of the problem as an operand
+        return _maybe_reworded(rng, prob, j, _problem_number_operand(rng, prob, comp))
+    if u < 0.86:  # another operation on the same operands
+        return _maybe_reworded(rng, prob, j, _other_operation(rng, comp))
+    if u < 0.90 and comp.op not in COMMUTATIVE:  # swapped operands of - or /
+        return _maybe_reworded(rng, prob, j, Computation(comp.op, (y, x), comp.result))
+    if u < 0.95 and (ops := _same_result_operands(rng, comp)):  # "2 x 40 = 80" for "20 x 4 = 80"
+        return _maybe_reworded(rng, prob, j, Computation(comp.op, ops, comp.result))
+    return _another_step(rng, prob, j)
+
+
+def _answer_line_pair(rng: random.Random, prob: Problem) -> tuple[str, str]:
+    """``prob``'s answer line and the other side of its pair: itself, another answer, or the last step."""
+    gold = prob.answer_line
+    v = rng.random()
+    if v < 0.4:
+        return gold, gold
+    if v < 0.8:
+        return gold, ANSWER_PREFIX + str(_change_digit(rng, prob.answer))
+    return gold, prob.steps[-1]
+
+
+def _make_pair(rng: random.Random, prob: Problem, j: int) -> StepPair:
+    """A labelled pair of step ``j`` of ``prob`` (its gold text) and a counterpart drawn from ``rng``; for a step
+    with a computation, 6% of the time an answer-line pair instead. The order of the two is random; the label is
+    :func:`steps_equivalent`."""
+    gold = prob.steps[j]
+    u = rng.random()
+    if prob.specs[j].computation is None:  # trace steps without arithmetic: plan, given, summary, conclude, ...
+        other = _counterpart_without_computation(rng, prob, j, u)
     else:
-        other = another_step()
-    if rng.random() < 0.06:  # answer lines: the same, another answer, or a step against an answer line
-        gold = prob.answer_line
-        v = rng.random()
-        if v < 0.4:
-            other = gold
-        elif v < 0.8:
-            other = ANSWER_PREFIX + str(_change_digit(rng, prob.answer))
-        else:
-            other = prob.steps[-1]
+        other = _counterpart_with_computation(rng, prob, j, u)
+        if rng.random() < 0.06:  # answer lines: the same, another answer, or a step against an answer line
+            gold, other = _answer_line_pair(rng, prob)
     a, b = (gold, other) if rng.random() < 0.5 else (other, gold)
     return StepPair(a, b, steps_equivalent(a, b))
