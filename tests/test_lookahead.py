@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from lookahead_reasoning.backends.portable import PortableEngine
 from lookahead_reasoning.core.errors import FieldError
-from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions, with_overrides
+from lookahead_reasoning.core.lookahead import LookaheadReasoner, LROptions, as_defaults, with_overrides
 from lookahead_reasoning.core.steps import StepConfig
 from lookahead_reasoning.core.verifiers import VerifierConfig
 
@@ -149,7 +149,7 @@ def test_max_tokens_beyond_the_context_window(trio):
     prompt = "Step " * 4
     room = target.context_length - len(LookaheadReasoner(target, None, use_chat_template=False)
                                        .prompt_ids(target, prompt, None))
-    defaults = LROptions(mode="ar", max_tokens=target.context_length,  # a default that cannot fit
+    defaults = LROptions(mode="ar", default_max_tokens=target.context_length,  # a default that cannot fit
                          judge=VerifierConfig(name="exact"))
     r = LookaheadReasoner(target, same, defaults=defaults, use_chat_template=False)
     for mode in ("ar", "lr+sd"):
@@ -157,6 +157,11 @@ def test_max_tokens_beyond_the_context_window(trio):
             r.run(prompt, options=with_overrides(defaults, mode=mode, max_tokens=room + 1))
         assert err.value.field == "max_tokens" and f"at most {room}" in str(err.value)
     res = r.run(prompt, options=with_overrides(defaults, mode="sd"))  # the default budget: shrunk, not refused
+    assert 0 < res.metrics.generated_tokens <= room
+    # a reasoner's (or a profile's) defaults are defaults: a max_tokens there is the default budget, and shrinks too
+    given = LROptions(mode="ar", max_tokens=target.context_length)
+    assert as_defaults(given).max_tokens is None and as_defaults(given).default_max_tokens == target.context_length
+    res = LookaheadReasoner(target, None, defaults=given, use_chat_template=False).run(prompt)
     assert 0 < res.metrics.generated_tokens <= room
 
 

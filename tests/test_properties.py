@@ -29,7 +29,7 @@ def test_options_parse_or_fail_cleanly(data):
         return
     again = LROptions.model_validate(opts.model_dump(by_alias=True))
     assert again == opts
-    assert 0 <= opts.gamma <= opts.max_gamma and opts.width >= 1 and opts.max_tokens >= 1
+    assert 0 <= opts.gamma <= opts.max_gamma and opts.width >= 1 and opts.token_budget >= 1
 
 
 @settings(max_examples=100, deadline=None)
@@ -70,8 +70,8 @@ def test_stop_string_ends_with_the_completing_token(engine_and_text, data):
 
 _sampling = st.one_of(
     st.just(SamplingParams()),
-    st.builds(SamplingParams, temperature=st.floats(0.0, 2.0, width=32), top_p=st.floats(0.0625, 1.0, width=32), top_k=st.integers(0, 50),
-              seed=st.one_of(st.none(), st.integers(0, 2**62))),
+    st.builds(SamplingParams, temperature=st.floats(0.0, 2.0, width=32), top_p=st.floats(0.0625, 1.0, width=32),
+              top_k=st.integers(0, 50), seed=st.one_of(st.none(), st.integers(0, 2**62))),
 )
 _spec = st.one_of(st.just(SpecDecodeConfig()), st.just(SpecDecodeConfig(method="ngram", num_speculative_tokens=6)))
 

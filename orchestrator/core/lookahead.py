@@ -84,7 +84,11 @@ class LROptions(BaseModel):
     adaptive_load_threshold: int = Field(8, ge=0, le=4096, description="requests in flight at which adaptive gamma "
                                          "stops speculating (0: never for load); raise it where batching is cheap")
     step: StepConfig = StepConfig()
-    max_tokens: int = Field(512, ge=1, le=1 << 20, description="total new-token budget (target tokens)")
+    max_tokens: int | None = Field(None, ge=1, le=1 << 20, description="the request's new-token budget (target "
+                                   "tokens); None: not given, the run gets default_max_tokens shrunk to fit the "
+                                   "context window, where a given budget that cannot fit is refused (vLLM's rule)")
+    default_max_tokens: int = Field(512, ge=1, le=1 << 20, description="the budget of a request that gives no "
+                                    "max_tokens (a profile's max_tokens sets it: see as_defaults)")
     stop: tuple[str, ...] = Field((), description="user stop strings (output ends after one)")
     sampling: SamplingParams = SamplingParams()
     draft_temperature: float = Field(0.7, gt=0.0, description="sampling temperature of extra width candidates")
@@ -105,6 +109,12 @@ class LROptions(BaseModel):
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
             raise ValueError("stop: stop strings must be non-empty")
         return self
+
+    @property
+    def token_budget(self) -> int:
+        """The new-token budget before the context window is considered: ``max_tokens`` if given, else
+        ``default_max_tokens``."""
+        return self.max_tokens if self.max_tokens is not None else self.default_max_tokens
 
     @property
     def speculative(self) -> bool:
@@ -249,7 +259,7 @@ class LookaheadReasoner:
                  sd_methods: dict[str, int] | None = None) -> None:
         self.target, self.draft, self.judge_engine = target, draft, judge
         self.reasoning_parser = reasoning_parser
-        self.defaults = defaults or LROptions()
+        self.defaults = as_defaults(defaults or LROptions())
         self.use_chat_template = use_chat_template
         self._verifiers: dict[tuple, Verifier] = {}
         self.judges = tuple(judges) if judges is not None else None
@@ -319,7 +329,7 @@ class LookaheadReasoner:
 
         Raises:
             ValueError: invalid prompt/messages/options, or a speculative mode without a draft engine;
-                :class:`FieldError` ``max_tokens`` when a requested budget (one other than the defaults') does not
+                :class:`FieldError` ``max_tokens`` when a requested budget (``options.max_tokens`` given) does not
                 fit the context window after the prompt (the default budget shrinks to fit, as in vLLM).
             RuntimeError: a target call failed (wraps the engine's error).
         """
@@ -353,14 +363,12 @@ class LookaheadReasoner:
                                           "a profile's 'judges' lists them)")
             self.verifier(opts.judge)  # fail early on an unusable judge
         room = self.target.context_length - len(target_prompt)
-        if (opts.max_tokens > room and "max_tokens" in opts.model_fields_set
-                and opts.max_tokens != self.defaults.max_tokens):
+        if opts.max_tokens is not None and opts.max_tokens > room:
             # vLLM's rule: a requested budget that cannot fit is refused; the default budget shrinks to fit
             raise FieldError("max_tokens", f"{opts.max_tokens} new tokens do not fit: the prompt has "
                                            f"{len(target_prompt)} tokens of the {self.target.context_length}-token "
                                            f"context window (at most {room})")
-        max_tokens = min(opts.max_tokens, room)
-        ctx = _Context(target_prompt, draft_prompt, max_tokens)
+        ctx = _Context(target_prompt, draft_prompt, min(opts.token_budget, room))
         run = _Run(self, opts, ctx)
         self.requests_in_flight += 1
         try:
@@ -456,16 +464,22 @@ def check_input(prompt: str | None, messages, max_bytes: int | None = None) -> l
 def with_overrides(defaults: LROptions, **overrides) -> LROptions:
     """``defaults`` updated with the non-None ``overrides`` (validated; ``ValueError`` names a bad field).
 
-    The result's ``model_fields_set`` is that of ``defaults`` plus the overridden fields, so a field the caller
-    set stays distinguishable from a default (:meth:`LookaheadReasoner.stream` refuses an explicit
-    ``max_tokens`` that cannot fit the context window, and shrinks the default one).
+    ``max_tokens`` is the request's own budget: given here, it is refused when it cannot fit the context window;
+    not given, the run gets ``defaults.default_max_tokens``, shrunk to fit (``defaults`` from :func:`as_defaults`).
     """
     given = {("async_mode" if k == "async" else k): v for k, v in overrides.items() if v is not None}
     data = defaults.model_dump(by_alias=False)
     data.update(given)
-    result = LROptions.model_validate(data)
-    object.__setattr__(result, "__pydantic_fields_set__", set(defaults.model_fields_set) | set(given))
-    return result
+    return LROptions.model_validate(data)
+
+
+def as_defaults(options: LROptions) -> LROptions:
+    """``options`` as request defaults (a profile's ``options``, a reasoner's ``defaults``): a ``max_tokens`` there
+    is the default budget, so it moves to ``default_max_tokens`` (it shrinks to fit a long prompt, where a
+    request's own ``max_tokens`` is refused). Idempotent."""
+    if options.max_tokens is None:
+        return options
+    return options.model_copy(update={"default_max_tokens": options.max_tokens, "max_tokens": None})
 
 
 def _same_vocab(a: Engine, b: Engine) -> bool:
@@ -480,7 +494,8 @@ class _Run:
 
     def __init__(self, owner: LookaheadReasoner, opts: LROptions, ctx: _Context) -> None:
         self.reasoner, self.opts, self.ctx = owner, opts, ctx
-        self.metrics = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids), sd_method=opts.target_sd.method)
+        self.metrics = RequestMetrics(mode=opts.mode, prompt_tokens=len(ctx.target_ids),
+                                      sd_method=opts.target_sd.method)
         self.draft_ok = opts.speculative
         self.controller = owner.controller(opts) if opts.adaptive_gamma else None
         self.overloaded = False  # adaptive gamma's cap is 0: no step nor token speculation this cycle
@@ -491,8 +506,10 @@ class _Run:
         self.verifier = owner.verifier(opts.judge) if opts.speculative else None
 
     # -- engine calls ----------------------------------------------------------------------------------
-    def _request(self, prefix: list[int], budget: int, spec: SpecDecodeConfig, sampling: SamplingParams) -> GenerationRequest:
-        return GenerationRequest(prefix, max(1, min(self.opts.step.max_step_tokens, budget)), self.stops, sampling, spec)
+    def _request(self, prefix: list[int], budget: int, spec: SpecDecodeConfig,
+                 sampling: SamplingParams) -> GenerationRequest:
+        return GenerationRequest(prefix, max(1, min(self.opts.step.max_step_tokens, budget)), self.stops, sampling,
+                                 spec)
 
     def _target_sampling(self, salt: int) -> SamplingParams:
         s = self.opts.sampling
@@ -502,7 +519,8 @@ class _Run:
 
     def _target_requests(self, prefixes: list[list[int]], budgets: list[int]) -> list[GenerationRequest]:
         spec = SpecDecodeConfig() if self.overloaded else self.opts.target_sd
-        return [self._request(p, b, spec, self._target_sampling(len(p))) for p, b in zip(prefixes, budgets, strict=False)]
+        return [self._request(p, b, spec, self._target_sampling(len(p)))
+                for p, b in zip(prefixes, budgets, strict=False)]
 
     async def _target_steps(self, prefixes: list[list[int]], budgets: list[int]) -> list[Step]:
         reqs = self._target_requests(prefixes, budgets)
@@ -536,7 +554,8 @@ class _Run:
         return [self._step_of(r) for r in results]
 
     def _step_of(self, r: GenerationResult) -> Step:
-        draft_ids = r.token_ids if self.reasoner.shared_tokenizer or self.reasoner.draft is None else self.reasoner.draft.encode(r.text)
+        owner = self.reasoner
+        draft_ids = r.token_ids if owner.shared_tokenizer or owner.draft is None else owner.draft.encode(r.text)
         return Step(r.text, list(r.token_ids), list(draft_ids), r.finish_reason, "target")
 
     async def _draft_steps(self, prefix: list[int], budget: int, width: int, salt: int) -> list[Step] | None:
@@ -634,8 +653,9 @@ class _Run:
         if len(ids) > self.ctx.remaining:
             ids = ids[: self.ctx.remaining]
             text = self.reasoner.target.decode(ids)
-            step = Step(text, ids, self.reasoner.draft.encode(text) if self.reasoner.draft and not self.reasoner.shared_tokenizer else ids,
-                        "length", step.source)
+            owner = self.reasoner
+            draft_ids = owner.draft.encode(text) if owner.draft and not owner.shared_tokenizer else ids
+            step = Step(text, ids, draft_ids, "length", step.source)
         self.ctx.commit(step)
         self.metrics.steps += 1
         getattr(self.metrics, step.source).tokens += len(ids)
@@ -708,7 +728,7 @@ class _Run:
             gamma_left = 0
         else:
             gamma_left = gamma
-        for j in range(gamma_left):
+        for _ in range(gamma_left):
             budget = ctx.remaining - used
             if budget <= 0 or not self.draft_ok:
                 break
@@ -792,7 +812,7 @@ class _Run:
             self.metrics.cycles += 1
             self.metrics.gamma_sum += gamma
             drafts: list[Step] = []
-            targets: list[asyncio.Task] = [asyncio.ensure_future(self._target_steps([ctx.target_ids], [ctx.remaining]))]
+            targets: list[asyncio.Task] = [self._start_target(ctx.target_ids, ctx.remaining)]
             draft_task = self._start_draft(drafts, gamma)
             depth = 0
             try:
@@ -808,7 +828,7 @@ class _Run:
                             used = sum(len(x.target_ids) for x in drafts)
                             if d.finish == "stop" and ctx.remaining - used > 0:
                                 prefix = ctx.target_ids + [t for x in drafts for t in x.target_ids]
-                                targets.append(asyncio.ensure_future(self._target_steps([prefix], [ctx.remaining - used])))
+                                targets.append(self._start_target(prefix, ctx.remaining - used))
                                 draft_task = self._start_draft(drafts, gamma)
                         if targets[0] not in done:
                             continue
@@ -827,7 +847,7 @@ class _Run:
                             if not targets:
                                 used = sum(len(x.target_ids) for x in drafts)
                                 prefix = ctx.target_ids + [t for x in drafts for t in x.target_ids]
-                                targets.append(asyncio.ensure_future(self._target_steps([prefix], [ctx.remaining - used])))
+                                targets.append(self._start_target(prefix, ctx.remaining - used))
                             if draft_task is None and (not drafts or drafts[-1].finish == "stop"):
                                 draft_task = self._start_draft(drafts, gamma)
                             continue
@@ -842,6 +862,10 @@ class _Run:
                             await task
                         except BaseException:  # noqa: BLE001 - cancelled speculative work
                             pass
+
+    def _start_target(self, prefix: list[int], budget: int) -> asyncio.Task:
+        """The target's step after ``prefix`` (at most ``budget`` tokens), started as a task."""
+        return asyncio.ensure_future(self._target_steps([prefix], [budget]))
 
     def _start_draft(self, drafts: list[Step], gamma: int) -> asyncio.Task | None:
         if not self.draft_ok or len(drafts) >= gamma:
