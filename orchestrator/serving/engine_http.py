@@ -32,11 +32,16 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..backends.base import GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 
@@ -129,27 +134,108 @@ def _engine_error(exc: ValueError) -> _ApiError:
     return _ApiError(400, "", text)
 
 
-def create_app(engine, model_name: str):
-    """The FastAPI application serving ``engine`` under the name ``model_name``."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
+async def _invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """HTTP 400 naming the body field pydantic refused (its message without pydantic's ``Value error, ``)."""
     from fastapi.responses import JSONResponse
+
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not isinstance(x, int)]
+    # Union members appear in the location (prompt.str, prompt.list[int]): keep the field name only.
+    field = loc[0] if loc else ""
+    msg = str(first.get("msg", "invalid request")).replace("Value error, ", "")
+    return JSONResponse(_error_body(400, field, msg), status_code=400)
+
+
+async def _api_error(_request: Request, exc: _ApiError) -> JSONResponse:
+    """The OpenAI-style error body of an :class:`_ApiError`, with its HTTP status."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(_error_body(exc.status, exc.field, exc.message), status_code=exc.status)
+
+
+def _prompt_ids(engine, body: CompletionRequest) -> list[list[int]]:
+    """The batch's prompts as token ids (text encoded by ``engine``, without special tokens); raises
+    :class:`_ApiError` (400) for a text that encodes to no tokens."""
+    prompts = []
+    for p in body.prompts():
+        if isinstance(p, str):
+            p = engine.encode(p)
+            if not p:
+                raise _ApiError(400, "prompt", "prompt encodes to no tokens")
+        prompts.append(p)
+    return prompts
+
+
+def _choice(engine, body: CompletionRequest, index: int, req: GenerationRequest, res) -> dict:
+    """One ``choices`` entry: the text (cut before the stop string unless ``include_stop_str_in_output``),
+    ``finish_reason``, ``stop_reason`` (the stop string, the EOS token id, or None) and the token ids if asked."""
+    text = res.text
+    if not body.skip_special_tokens:
+        text = engine.tokenizer.decode(res.token_ids, skip_special_tokens=False)
+    stop_reason: Any = None
+    if res.finish_reason == "stop":
+        hits = [(text.find(s), s) for s in tuple(body.stop or ()) if s in text]
+        if hits:
+            at, stop_reason = min(hits)
+            if not body.include_stop_str_in_output:
+                text = text[:at]
+    elif res.finish_reason == "eos" and res.token_ids:
+        stop_reason = int(res.token_ids[-1])
+    choice = {
+        "index": index, "text": text, "logprobs": None,
+        "finish_reason": "length" if res.finish_reason == "length" else "stop",
+        "stop_reason": stop_reason,
+    }
+    if body.return_token_ids:
+        choice["token_ids"] = list(res.token_ids)
+        choice["prompt_token_ids"] = list(req.prompt_ids)
+    return choice
+
+
+def _usage(pairs: list[tuple[GenerationRequest, Any]]) -> dict:
+    """OpenAI's ``usage`` of the batch's ``(request, result)`` pairs (token counts), with prefix-cache hits in
+    ``prompt_tokens_details.cached_tokens``."""
+    n_prompt = sum(len(req.prompt_ids) for req, _ in pairs)
+    n_out = sum(len(res.token_ids) for _, res in pairs)
+    n_cached = sum(int(res.counters.prefill_tokens_cached) for _, res in pairs)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+            "prompt_tokens_details": {"cached_tokens": n_cached}}
+
+
+async def _complete(engine, model_name: str, body: CompletionRequest) -> dict:
+    """The ``text_completion`` answer to ``body`` (one choice per prompt, generated as one batch).
+
+    Raises:
+        _ApiError: 404 for another ``model``; 400 for a prompt with no tokens or input the engine refuses.
+    """
+    if body.model is not None and body.model != model_name:
+        raise _ApiError(404, "model", f"unknown model {body.model!r} (this server serves {model_name!r})")
+    stops = tuple(body.stop or ())
+    sampling = body.sampling()
+    prompts = _prompt_ids(engine, body)
+    try:
+        reqs = [GenerationRequest(tuple(p), body.max_tokens, stop=stops, sampling=sampling,
+                                  request_id=f"http-{uuid.uuid4().hex[:12]}") for p in prompts]
+        results = await engine.agenerate(reqs)
+    except ValueError as exc:
+        raise _engine_error(exc) from None
+    pairs = list(zip(reqs, results, strict=False))
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+        "model": model_name, "choices": [_choice(engine, body, i, req, res) for i, (req, res) in enumerate(pairs)],
+        "usage": _usage(pairs),
+    }
+
+
+def create_app(engine, model_name: str) -> FastAPI:
+    """The FastAPI application serving ``engine`` under the name ``model_name``."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
 
     app = FastAPI(title="lookahead-reasoning engine server", version="1")
     created = int(time.time())
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body" and not isinstance(x, int)]
-        # Union members appear in the location (prompt.str, prompt.list[int]): keep the field name only.
-        field = loc[0] if loc else ""
-        msg = str(first.get("msg", "invalid request")).replace("Value error, ", "")
-        return JSONResponse(_error_body(400, field, msg), status_code=400)
-
-    @app.exception_handler(_ApiError)
-    async def _api_error(_request: Request, exc: _ApiError):
-        return JSONResponse(_error_body(exc.status, exc.field, exc.message), status_code=exc.status)
+    app.add_exception_handler(RequestValidationError, _invalid_body)
+    app.add_exception_handler(_ApiError, _api_error)
 
     @app.get("/health")
     async def health():
@@ -164,55 +250,7 @@ def create_app(engine, model_name: str):
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        if body.model is not None and body.model != model_name:
-            raise _ApiError(404, "model", f"unknown model {body.model!r} (this server serves {model_name!r})")
-        stops = tuple(body.stop or ())
-        sampling = body.sampling()
-        prompts = []
-        for p in body.prompts():
-            if isinstance(p, str):
-                p = engine.encode(p)
-                if not p:
-                    raise _ApiError(400, "prompt", "prompt encodes to no tokens")
-            prompts.append(p)
-        try:
-            reqs = [GenerationRequest(tuple(p), body.max_tokens, stop=stops, sampling=sampling,
-                                      request_id=f"http-{uuid.uuid4().hex[:12]}") for p in prompts]
-            results = await engine.agenerate(reqs)
-        except ValueError as exc:
-            raise _engine_error(exc) from None
-        choices, n_prompt, n_out, n_cached = [], 0, 0, 0
-        for i, (req, res) in enumerate(zip(reqs, results, strict=False)):
-            text = res.text
-            if not body.skip_special_tokens:
-                text = engine.tokenizer.decode(res.token_ids, skip_special_tokens=False)
-            stop_reason: Any = None
-            if res.finish_reason == "stop":
-                hits = [(text.find(s), s) for s in stops if s in text]
-                if hits:
-                    at, stop_reason = min(hits)
-                    if not body.include_stop_str_in_output:
-                        text = text[:at]
-            elif res.finish_reason == "eos" and res.token_ids:
-                stop_reason = int(res.token_ids[-1])
-            choice = {
-                "index": i, "text": text, "logprobs": None,
-                "finish_reason": "length" if res.finish_reason == "length" else "stop",
-                "stop_reason": stop_reason,
-            }
-            if body.return_token_ids:
-                choice["token_ids"] = list(res.token_ids)
-                choice["prompt_token_ids"] = list(req.prompt_ids)
-            choices.append(choice)
-            n_prompt += len(req.prompt_ids)
-            n_out += len(res.token_ids)
-            n_cached += int(res.counters.prefill_tokens_cached)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": model_name, "choices": choices,
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-                      "prompt_tokens_details": {"cached_tokens": n_cached}},
-        }
+        return await _complete(engine, model_name, body)
 
     return app
 

@@ -37,7 +37,8 @@ _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority
 
 
 def decode_inputs(get) -> dict:
-    """The request's values from the model's input tensors (canonical names, :data:`~lookahead_reasoning.core.request.FIELDS`).
+    """The request's values from the model's input tensors (canonical names,
+    :data:`~lookahead_reasoning.core.request.FIELDS`).
 
     Args:
         get: ``Triton input name -> numpy array or None``.
@@ -82,6 +83,15 @@ def _value(f, x):
     if isinstance(x, (float, np.floating)) and not float(x).is_integer():
         raise RequestError(f.name, f"must be an integer, got {x}")
     return int(x)
+
+
+def _ok_line(result, mode: str, stream: bool, e2e: float) -> str:
+    """The access-log line of an answered request (its finish, token counts, acceptance and latencies in s)."""
+    m = result.metrics
+    acc = "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
+    return (f"status=ok mode={mode} stream={str(stream).lower()} finish={result.finish_reason} "
+            f"prompt_tokens={m.prompt_tokens} generated_tokens={m.generated_tokens} steps={m.steps} "
+            f"cycles={m.cycles} acceptance={acc} ttft_s={(m.ttft_seconds or 0):.3f} e2e_s={e2e:.3f}")
 
 
 class LookaheadReasoningModel:
@@ -138,86 +148,125 @@ class LookaheadReasoningModel:
         ])
 
     async def _one(self, request) -> None:
-        from ..core.lookahead import LRResult
-
-        pb, metrics = self.pb, self.metrics
+        """Answer one request through its response sender: refused when ``max_concurrency`` requests are in
+        flight, else parsed, run and answered; any error becomes an error response (never raised)."""
         t0 = time.perf_counter()
         sender = request.get_response_sender()
-        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if self.active >= self.max_concurrency:
-            metrics.add("lookahead_request_errors_total", reason="busy")
-            self._access(f"status=error reason=busy in_flight={self.active}")
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(
-                f"server busy: {self.active} requests in flight (max_concurrency {self.max_concurrency})",
-                pb.TritonError.UNAVAILABLE)), flags=final)
+            self._refuse_busy(sender)
             return
         self.active += 1
-        metrics.set("lookahead_requests_in_flight", self.active)
+        self.metrics.set("lookahead_requests_in_flight", self.active)
         try:
-            def get(name):
-                t = pb.get_input_tensor_by_name(request, name)
-                return None if t is None else t.as_numpy()
-
-            # HTTP generate turns JSON fields that are not inputs into request parameters: reject them by name
-            unknown = sorted(set(json.loads(request.parameters() or "{}")) - _TRITON_PARAMETERS)
-            if unknown:
-                raise ValueError(f"{unknown[0]}: unknown input (inputs: {', '.join(TRITON_INPUTS)})")
-            req, opts = parse_request(decode_inputs(get), self.profile.options, self.limits)
-            stream, mode, trim = req.stream, opts.mode, req.trimmer(opts)
-            gen = self.reasoner.stream(req.prompt, req.chat(), opts, checked=True)  # parse_request checked it
-            result, last_step = None, None
-            try:
-                async for event in gen:
-                    if request.is_cancelled():
-                        metrics.add("lookahead_requests_cancelled_total", mode=mode)
-                        self._access(f"status=cancelled mode={mode} e2e_s={time.perf_counter() - t0:.3f}")
-                        sender.send(flags=final)
-                        return
-                    if isinstance(event, LRResult):
-                        result = event
-                        continue
-                    now = time.perf_counter()
-                    if last_step is None:
-                        metrics.observe("lookahead_time_to_first_step_seconds", now - t0, mode=mode)
-                        if stream:
-                            metrics.observe("lookahead_time_to_first_token_seconds", now - t0, mode=mode)
-                    else:
-                        metrics.observe("lookahead_step_latency_seconds", now - last_step, mode=mode)
-                    last_step = now
-                    if stream:
-                        info = {"step_tokens": event.token_count, "source": event.source, "depth": event.depth}
-                        sender.send(self._response(trim.feed(event.text), json.dumps(info)))
-            finally:
-                await gen.aclose()
-            out = result.metrics.to_dict()
-            out["finish_reason"] = result.finish_reason
-            metrics.record_request(mode, result.metrics)
-            # the final response: the whole text (not streaming) or what the stop trimmer held back (may be "")
-            rest = trim.apply("" if stream else result.text, result.finish_reason == "stop")
-            # latency and the access line are recorded before the final response leaves: a client that scrapes
-            # /metrics or reads the log right after its answer must find its own request there
-            e2e = time.perf_counter() - t0
-            if not stream:
-                metrics.observe("lookahead_time_to_first_token_seconds", e2e, mode=mode)
-            metrics.observe("lookahead_e2e_request_latency_seconds", e2e, mode=mode)
-            m = result.metrics
-            acc = "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.2f}"
-            self._access(f"status=ok mode={mode} stream={str(stream).lower()} finish={result.finish_reason} "
-                         f"prompt_tokens={m.prompt_tokens} generated_tokens={m.generated_tokens} steps={m.steps} "
-                         f"cycles={m.cycles} acceptance={acc} ttft_s={(m.ttft_seconds or 0):.3f} e2e_s={e2e:.3f}")
-            sender.send(self._response(rest, json.dumps(out)), flags=final)
+            req, opts = self._parse(request)
+            trim = req.trimmer(opts)
+            cancelled, result = await self._run(request, sender, req, opts, trim, t0)
+            if not cancelled:
+                self._send_final(sender, result, req.stream, opts.mode, trim, t0)
         except Exception as exc:  # noqa: BLE001 - a bad request gets an error response; the server stays up
-            reason = error_reason(exc)
-            metrics.add("lookahead_request_errors_total", reason=reason)
-            self._access(f"status=error reason={reason} e2e_s={time.perf_counter() - t0:.3f} "
-                         f"message={json.dumps(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}")
-            bad = isinstance(exc, ValueError)  # a bad request: HTTP 400 / gRPC INVALID_ARGUMENT; else 500 / INTERNAL
-            msg = front_error(exc, "triton") if bad else f"{type(exc).__name__}: {exc}"
-            code = pb.TritonError.INVALID_ARG if bad else pb.TritonError.INTERNAL
-            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg, code)), flags=final)
+            self._send_error(sender, exc, t0)
         finally:
             self.active -= 1
-            metrics.set("lookahead_requests_in_flight", self.active)
+            self.metrics.set("lookahead_requests_in_flight", self.active)
+
+    def _refuse_busy(self, sender) -> None:
+        """The final response of a request refused because ``max_concurrency`` requests are in flight
+        (``UNAVAILABLE``), counted and logged."""
+        pb = self.pb
+        self.metrics.add("lookahead_request_errors_total", reason="busy")
+        self._access(f"status=error reason=busy in_flight={self.active}")
+        sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(
+            f"server busy: {self.active} requests in flight (max_concurrency {self.max_concurrency})",
+            pb.TritonError.UNAVAILABLE)), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _parse(self, request):
+        """The request and its options from the input tensors (:func:`parse_request`, this model's limits).
+
+        Raises:
+            ValueError: a request parameter that is not Triton's (HTTP generate turns JSON fields that are not
+                inputs into parameters: a misspelt input), or any input :func:`parse_request` refuses.
+        """
+        def get(name):
+            t = self.pb.get_input_tensor_by_name(request, name)
+            return None if t is None else t.as_numpy()
+
+        unknown = sorted(set(json.loads(request.parameters() or "{}")) - _TRITON_PARAMETERS)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown input (inputs: {', '.join(TRITON_INPUTS)})")
+        return parse_request(decode_inputs(get), self.profile.options, self.limits)
+
+    async def _run(self, request, sender, req, opts, trim, t0: float):
+        """Run the reasoning loop of a parsed request, sending each decided step when streaming (its tail held
+        back by ``trim``) and observing the step latencies; ``t0`` is the request's start (``perf_counter``).
+
+        Returns:
+            ``(cancelled, result)``: ``(True, None)`` where the client cancelled (the final empty response is
+            sent), else ``(False, LRResult)`` (None if the loop ended without one).
+        """
+        from ..core.lookahead import LRResult
+
+        mode, stream = opts.mode, req.stream
+        gen = self.reasoner.stream(req.prompt, req.chat(), opts, checked=True)  # parse_request checked it
+        result, last_step = None, None
+        try:
+            async for event in gen:
+                if request.is_cancelled():
+                    self.metrics.add("lookahead_requests_cancelled_total", mode=mode)
+                    self._access(f"status=cancelled mode={mode} e2e_s={time.perf_counter() - t0:.3f}")
+                    sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    return True, None
+                if isinstance(event, LRResult):
+                    result = event
+                    continue
+                last_step = self._observe_step(mode, stream, t0, last_step)
+                if stream:
+                    info = {"step_tokens": event.token_count, "source": event.source, "depth": event.depth}
+                    sender.send(self._response(trim.feed(event.text), json.dumps(info)))
+        finally:
+            await gen.aclose()
+        return False, result
+
+    def _observe_step(self, mode: str, stream: bool, t0: float, last_step: float | None) -> float:
+        """Observe a decided step's latency (the first: time to first step, and to first token when streaming;
+        then: since the previous step, ``last_step``); returns now (``perf_counter`` seconds)."""
+        now = time.perf_counter()
+        if last_step is None:
+            self.metrics.observe("lookahead_time_to_first_step_seconds", now - t0, mode=mode)
+            if stream:
+                self.metrics.observe("lookahead_time_to_first_token_seconds", now - t0, mode=mode)
+        else:
+            self.metrics.observe("lookahead_step_latency_seconds", now - last_step, mode=mode)
+        return now
+
+    def _send_final(self, sender, result, stream: bool, mode: str, trim, t0: float) -> None:
+        """The final response: the whole text (not streaming) or what the stop trimmer held back (may be "")
+        with the request's metrics as JSON; the request's metrics and access line are recorded first."""
+        out = result.metrics.to_dict()
+        out["finish_reason"] = result.finish_reason
+        self.metrics.record_request(mode, result.metrics)
+        rest = trim.apply("" if stream else result.text, result.finish_reason == "stop")
+        # latency and the access line are recorded before the final response leaves: a client that scrapes
+        # /metrics or reads the log right after its answer must find its own request there
+        e2e = time.perf_counter() - t0
+        if not stream:
+            self.metrics.observe("lookahead_time_to_first_token_seconds", e2e, mode=mode)
+        self.metrics.observe("lookahead_e2e_request_latency_seconds", e2e, mode=mode)
+        self._access(_ok_line(result, mode, stream, e2e))
+        sender.send(self._response(rest, json.dumps(out)), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _send_error(self, sender, exc: Exception, t0: float) -> None:
+        """The final error response of a failed request, counted and logged: a bad request (``ValueError``) is
+        ``INVALID_ARG`` (HTTP 400) naming the field as Triton does; anything else ``INTERNAL`` (500)."""
+        pb = self.pb
+        reason = error_reason(exc)
+        self.metrics.add("lookahead_request_errors_total", reason=reason)
+        self._access(f"status=error reason={reason} e2e_s={time.perf_counter() - t0:.3f} "
+                     f"message={json.dumps(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}")
+        bad = isinstance(exc, ValueError)
+        msg = front_error(exc, "triton") if bad else f"{type(exc).__name__}: {exc}"
+        code = pb.TritonError.INVALID_ARG if bad else pb.TritonError.INTERNAL
+        sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(msg, code)),
+                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _access(self, line: str) -> None:
         """One access-log line per request, in Triton's log at INFO (``pb_utils.Logger``)."""
