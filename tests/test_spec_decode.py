@@ -63,3 +63,29 @@ def test_ngram_propose_falls_back_to_an_earlier_match_with_room():
     assert ngram_propose([7] * 48, 4, lookup_max=2, lookup_min=1) == [7, 7, 7, 7]
     # No match has k followers: the one followed by the most wins.
     assert ngram_propose([5, 6, 8, 5, 6], 4, lookup_max=2, lookup_min=1) == [8, 5, 6]
+
+
+def test_one_drafter_registry_builds_and_refuses_alike():
+    """Both in-process runtimes build their proposers from DRAFTERS and refuse a method in the same words."""
+    import pytest
+    from lookahead_reasoning.backends.base import SpecDecodeConfig
+    from lookahead_reasoning.backends.drafters import DRAFTERS, check_method, make_proposers
+
+    assert set(DRAFTERS) == {"ngram", "draft_model", "medusa", "eagle3"}
+    engine = object()
+    for runtime in ("portable", "llamacpp"):
+        assert set(make_proposers(runtime)) == {"ngram"}
+        built = make_proposers(runtime, draft_model=engine)
+        assert set(built) == {"ngram", "draft_model"} and built["draft_model"].engine is engine
+        check_method(runtime, SpecDecodeConfig(), {})
+        check_method(runtime, SpecDecodeConfig(method="ngram", num_speculative_tokens=2), built)
+        with pytest.raises(ValueError, match=r"^spec\.method: 'draft_model' needs an engine built with a draft_engine"):
+            check_method(runtime, SpecDecodeConfig(method="draft_model", num_speculative_tokens=2),
+                         make_proposers(runtime))
+    medusa = SpecDecodeConfig(method="medusa", num_speculative_tokens=2)
+    with pytest.raises(ValueError, match=r"^spec\.method: 'medusa' needs an engine built with medusa_heads"):
+        check_method("portable", medusa, make_proposers("portable"))
+    with pytest.raises(ValueError, match=r"^spec\.method: 'medusa' runs on the portable runtime only .*hidden states"):
+        check_method("llamacpp", medusa, make_proposers("llamacpp"))
+    with pytest.raises(ValueError, match="medusa"):
+        make_proposers("llamacpp", medusa=object())  # a source for a method the runtime does not run

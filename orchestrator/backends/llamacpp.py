@@ -44,8 +44,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from .base import GenerationRequest, validate_request
+from .drafters import check_method, make_proposers
 from .scheduler import BatchScheduler, Seq
-from .spec_decode import DraftModelProposer, NgramProposer, Proposer
 from .tokenizer import TokenizerAccess
 
 log = logging.getLogger(__name__)
@@ -108,10 +108,7 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         self.config = config
         self.draft_engine = draft_engine
         self.max_batch_size = config.max_batch_size
-        proposers: dict[str, Proposer] = {"ngram": NgramProposer()}
-        if draft_engine is not None:
-            proposers["draft_model"] = DraftModelProposer(draft_engine)
-        self._start_scheduler(None, proposers)
+        self._start_scheduler(None, make_proposers(self.name, draft_model=draft_engine))
 
     # -- set-up (scheduler thread) ---------------------------------------------------------------------
     def _setup(self, model) -> None:
@@ -175,13 +172,10 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
     # -- public API ------------------------------------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:
         """Raise ``ValueError`` naming the field if ``req`` cannot be served (:func:`.base.validate_request`,
-        several stops per call, n-gram SD, draft-model SD with a draft engine)."""
+        several stops per call, and the SD methods of :data:`.drafters.DRAFTERS` this runtime runs: n-gram, and
+        draft-model SD with a draft engine)."""
         validate_request(req, self._vocab, self._context, multi_stop=True)
-        if req.spec.method == "draft_model" and self.draft_engine is None:
-            raise ValueError("spec.method: 'draft_model' needs an engine built with a draft_engine")
-        if req.spec.method in ("medusa", "eagle3"):
-            raise ValueError(f"spec.method: {req.spec.method!r} reads the target's hidden states, which the llama.cpp "
-                             "backend does not expose; use 'ngram' or 'draft_model'")
+        check_method(self.name, req.spec, self._proposers)
 
     def reset_prefix_cache(self) -> None:
         """Drop the KV kept for finished requests."""
@@ -336,7 +330,8 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         consecutive positions under its sequence id, rows one after another (no padding); the logits of every
         fed position come back, are verified (:meth:`~.scheduler.BatchScheduler._commit_flat`), and the KV of
         rejected proposals is removed. Plain Python lists and one numpy view of llama.cpp's logits: at ~1 ms per
-        token, tensors built per step cost a quarter of the step (RESULTS.md, "Where our `ar` on llama.cpp spent its time")."""
+        token, tensors built per step cost a quarter of the step (RESULTS.md, "Where our `ar` on llama.cpp spent its
+        time")."""
         t0 = time.perf_counter()
         seqs = self._running
         props = self._proposals()

@@ -32,12 +32,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import GenerationRequest, check_gpu_mode, validate_request
-from .eagle import Eagle3Head, Eagle3Proposer
+from .drafters import check_method, make_proposers
+from .eagle import Eagle3Head
 from .kv_cache import BatchKVCache, PrefixCache
-from .medusa import MedusaHeads, MedusaProposer
+from .medusa import MedusaHeads
 from .model_runner import DtypeChoice, ModelRunner
 from .scheduler import BatchScheduler, Seq
-from .spec_decode import DraftModelProposer, NgramProposer, Proposer
 from .tokenizer import TokenizerAccess
 
 log = logging.getLogger(__name__)
@@ -108,14 +108,11 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
         self.draft_engine = draft_engine
         self.max_batch_size = config.max_batch_size
         self.device = torch.device(config.device)
-        proposers: dict[str, Proposer] = {"ngram": NgramProposer()}
-        if draft_engine is not None:
-            proposers["draft_model"] = DraftModelProposer(draft_engine)
         # The scheduler thread loads the model, picks the dtype and runs every forward: torch's OpenMP pool
         # belongs to the thread that starts it, and a thread computing after another thread's pool has run
         # gets ~0.55x the speed (SmolLM2 decode, 2 threads: 30 ms per step in the loading thread, 54 ms in
         # another). Errors while loading are raised here.
-        self._start_scheduler(model, proposers)
+        self._start_scheduler(model, make_proposers(self.name, draft_model=draft_engine))
 
     def _setup(self, model) -> None:
         """Load the model and build the caches (runs in the scheduler thread)."""
@@ -140,9 +137,9 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
             fits = (h, self.runner.model.get_output_embeddings().out_features)
             if (heads.hidden_size, heads.vocab_size) != fits:
                 raise ValueError(f"medusa_heads: heads for hidden size {heads.hidden_size} and vocabulary "
-                                 f"{heads.vocab_size} do not fit this model (hidden size {fits[0]}, vocabulary {fits[1]})")
+                                 f"{heads.vocab_size} do not fit this model (hidden size {fits[0]}, "
+                                 f"vocabulary {fits[1]})")
             self.medusa = heads.to(device=self.device, dtype=self.runner.dtype)
-            self._proposers["medusa"] = MedusaProposer(self.medusa)
             self._feature_cols["medusa"] = slice(len(layers) * h, (len(layers) + 1) * h)
             layers.append(-1)
             self._feature_window = 1
@@ -156,11 +153,12 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
                 raise ValueError(f"eagle3_head: feature layers {head.aux_layers} are not inner layers of this "
                                  f"model's {mc.num_hidden_layers}")
             self.eagle3 = head.to(device=self.device, dtype=self.runner.dtype)
-            self._proposers["eagle3"] = Eagle3Proposer(self.eagle3)
             self._feature_cols["eagle3"] = slice(len(layers) * h, (len(layers) + 3) * h)
             layers.extend(head.aux_layers)
             self._feature_window = max(self._feature_window, head.attention_window)
         self.runner.feature_layers = tuple(layers)
+        self._proposers = make_proposers(self.name, draft_model=self.draft_engine, medusa=self.medusa,
+                                         eagle3=self.eagle3)
         if self.config.compile:
             self.runner.warm_up(min(self._context, 64), hidden=bool(layers))
 
@@ -186,18 +184,12 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
     # -- public generation API -------------------------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:
         """Raise ``ValueError`` naming the field if ``req`` cannot be served (:func:`.base.validate_request`,
-        several stops per call, and draft-model proposals only with a draft engine)."""
+        several stops per call, and the SD methods of :data:`.drafters.DRAFTERS` this engine was built for)."""
         validate_request(req, self._vocab, self._context, multi_stop=True)
-        if req.spec.method == "draft_model" and self.draft_engine is None:
-            raise ValueError("spec.method: 'draft_model' needs an engine built with a draft_engine")
-        if req.spec.method == "eagle3" and self.eagle3 is None:
-            raise ValueError("spec.method: 'eagle3' needs an engine built with eagle3_head")
-        if req.spec.method == "medusa":
-            if self.medusa is None:
-                raise ValueError("spec.method: 'medusa' needs an engine built with medusa_heads")
-            if req.spec.num_speculative_tokens > self.medusa.num_heads:
-                raise ValueError(f"spec.num_speculative_tokens: {req.spec.num_speculative_tokens} is more than the "
-                                 f"engine's {self.medusa.num_heads} Medusa heads")
+        check_method(self.name, req.spec, self._proposers)
+        if req.spec.method == "medusa" and req.spec.num_speculative_tokens > self.medusa.num_heads:
+            raise ValueError(f"spec.num_speculative_tokens: {req.spec.num_speculative_tokens} is more than the "
+                             f"engine's {self.medusa.num_heads} Medusa heads")
 
     def _reset_batch(self) -> None:
         """After a failed step: an empty running cache (the failed rows' KV is dropped)."""
@@ -248,7 +240,7 @@ class PortableEngine(BatchScheduler, TokenizerAccess):
                 if feat[r] and suf:  # columns 0 .. len(suf) - 1 are positions n .. len(prefix) - 1 = tokens[-2]
                     new[r].features = hidden[r, max(0, len(suf) - self._feature_window): len(suf)].clone()
         if use_cache:
-            for r, (s, p) in enumerate(zip(new, prefixes, strict=False)):
+            for r, p in enumerate(prefixes):
                 if len(p) - matched[r][0] >= self.config.block_size:
                     self.prefix_cache.insert(p, group.row_kv(rows[r]))
         for s in new:
