@@ -43,6 +43,38 @@ def test_committed_config_is_derived_from_the_request():
     assert render_config("lookahead_reasoning", params) == text  # the whole file is the module's output
 
 
+@pytest.mark.parametrize("role", ["draft", "target", "judge"])
+def test_committed_role_configs_are_derived_from_the_role_tensor_table(role):
+    """The role models' config.pbtxt, the codec's dtypes and the BLS caller's outputs: one table (role_tensors)."""
+    from lookahead_reasoning.backends.base import GenerationRequest, GenerationResult, SamplingParams, SpecDecodeConfig
+    from lookahead_reasoning.backends.role_tensors import (
+        ROLE_INPUTS,
+        ROLE_OUTPUTS,
+        requests_to_arrays,
+        results_to_arrays,
+    )
+    from lookahead_reasoning.backends.triton_bls import OUTPUTS
+    from lookahead_reasoning.serving.model_repository import render_config
+
+    text = (REPO / "triton_models" / role / "config.pbtxt").read_text()
+    for kind, table in (("input", ROLE_INPUTS), ("output", ROLE_OUTPUTS)):
+        assert _blocks(text, kind) == [(t.name, "TYPE_" + t.dtype, "[ " + ", ".join(map(str, t.dims)) + " ]")
+                                       for t in table]
+    params = dict(re.findall(r'key: "(\w+)"\s+value: \{ string_value: "([^"]*)" \}', text))
+    assert render_config(role, params) == text  # the whole file is the module's output
+    assert OUTPUTS == [t.name for t in ROLE_OUTPUTS]
+    sampled = SamplingParams(temperature=0.5, seed=3)
+    spec = SpecDecodeConfig(method="ngram", num_speculative_tokens=2)
+    every = requests_to_arrays([GenerationRequest((1, 2), 4, ("x",), sampled, spec, stop_count=2,
+                                                  max_tokens_per_stop=3)])
+    assert set(every) == {t.name for t in ROLE_INPUTS} - {"text_input"}  # every input (text_input: ids instead)
+    out = results_to_arrays([GenerationResult([7], "a", "stop")])
+    for arrays, table in ((every, ROLE_INPUTS), (out, ROLE_OUTPUTS)):
+        specs = {t.name: t for t in table}
+        for name, arr in arrays.items():
+            assert arr.dtype == specs[name].numpy_dtype and arr.ndim == len(specs[name].dims), name
+
+
 def test_client_types_are_derived_from_the_request():
     from lookahead_reasoning.serving.client import _TYPES
 

@@ -5,34 +5,10 @@ Used by the role models (``lookahead_reasoning.serving.triton_role``) and by the
 :mod:`lookahead_reasoning.core.request`.
 
 Role models (``draft``, ``target``, ``judge``) take one engine call: ``n`` sequences as a padded id matrix (or
-texts) plus the request fields as tensors, and return ``n`` results.
-
-=========================  =======  ==========  =====================================================
-input                      dtype    shape       meaning
-=========================  =======  ==========  =====================================================
-``input_ids``              INT32    [n, L]      prompt ids, right-padded with -1 (or ``text_input``)
-``input_lengths``          INT32    [n]         prompt lengths
-``text_input``             BYTES    [n]         prompt texts (encoded by the model's tokenizer)
-``max_tokens``             INT32    [n]         max new tokens per sequence
-``stop``                   BYTES    [k]         stop strings (shared by the n sequences; optional)
-``temperature``            FP32     [n]         0 = greedy (optional)
-``top_p`` / ``top_k``      FP32/I32 [n]         nucleus mass / top-k (optional)
-``seed``                   INT64    [n]         RNG seed, -1 = none (optional)
-``spec_decode``            BYTES    [1]         JSON of SpecDecodeConfig (optional)
-``stop_count``             INT32    [1]         finish at the k-th completed stop string (optional, 1)
-``max_tokens_per_stop``    INT32    [1]         length cap after the last completed stop (optional)
-=========================  =======  ==========  =====================================================
-
-=========================  =======  ==========  =====================================================
-output                     dtype    shape       meaning
-=========================  =======  ==========  =====================================================
-``output_ids``             INT32    [n, M]      new ids, right-padded with -1
-``output_lengths``         INT32    [n]         number of new ids
-``text_output``            BYTES    [n]         decoded new text
-``finish_reason``          BYTES    [n]         stop / eos / length / cancelled
-``counters``               BYTES    [n]         JSON of GenerationCounters
-``stop_offsets``           BYTES    [n]         JSON list: new-token count at each completed stop string
-=========================  =======  ==========  =====================================================
+texts) plus the request fields as tensors, and return ``n`` results. The tensors (name, Triton data type, dims,
+meaning) are defined once, in :data:`ROLE_INPUTS` and :data:`ROLE_OUTPUTS`: the role models' ``config.pbtxt``
+(:mod:`lookahead_reasoning.serving.model_repository`), this codec's numpy dtypes and the BLS caller's requested
+outputs (:mod:`.triton_bls`) are derived from them, so adding a tensor is one row there plus its encoding here.
 
 Role models are internal: when the server's environment holds :data:`INTERNAL_KEY_ENV` (``serve`` sets a random
 one unless ``--open-role-models``), a role model answers only requests whose parameters carry the same value
@@ -46,7 +22,8 @@ import hmac
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -54,9 +31,57 @@ from .base import GenerationCounters, GenerationRequest, GenerationResult, Sampl
 
 _DEFAULT_SAMPLING, _DEFAULT_SPEC = SamplingParams(), SpecDecodeConfig()
 
+#: numpy dtype of each Triton data type the role tensors use (``STRING``: Triton's BYTES, UTF-8 ``bytes`` objects).
+NUMPY_DTYPES = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "STRING": np.object_}
 
-def _bytes(values: Sequence[str]) -> np.ndarray:
-    return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of the role models: its name, Triton data type (``config.pbtxt``'s ``TYPE_<dtype>``), dims
+    (-1: any size; ``n``: the call's sequences) and meaning."""
+
+    name: str
+    dtype: Literal["INT32", "INT64", "FP32", "STRING"]
+    dims: tuple[int, ...]
+    meaning: str
+
+    @property
+    def numpy_dtype(self) -> type:
+        return NUMPY_DTYPES[self.dtype]
+
+    def array(self, values) -> np.ndarray:
+        """``values`` as this tensor (strings encoded as UTF-8)."""
+        if self.dtype == "STRING":
+            return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+        return np.array(values, dtype=self.numpy_dtype)
+
+
+#: Inputs of a role model, all optional (``input_ids`` or ``text_input`` must be given), in ``config.pbtxt`` order.
+ROLE_INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("input_ids", "INT32", (-1, -1), "[n, L] prompt ids, right-padded with -1 (or text_input)"),
+    TensorSpec("input_lengths", "INT32", (-1,), "[n] prompt lengths"),
+    TensorSpec("text_input", "STRING", (-1,), "[n] prompt texts (encoded by the model's tokenizer)"),
+    TensorSpec("max_tokens", "INT32", (-1,), "[n] max new tokens per sequence"),
+    TensorSpec("stop", "STRING", (-1,), "[k] stop strings (shared by the n sequences; optional)"),
+    TensorSpec("temperature", "FP32", (-1,), "[n] 0 = greedy (optional)"),
+    TensorSpec("top_p", "FP32", (-1,), "[n] nucleus mass (optional)"),
+    TensorSpec("top_k", "INT32", (-1,), "[n] top-k, 0 = all (optional)"),
+    TensorSpec("seed", "INT64", (-1,), "[n] RNG seed, -1 = none (optional)"),
+    TensorSpec("spec_decode", "STRING", (1,), "[1] JSON of SpecDecodeConfig (optional)"),
+    TensorSpec("stop_count", "INT32", (1,), "[1] finish at the k-th completed stop string (optional, 1)"),
+    TensorSpec("max_tokens_per_stop", "INT32", (1,), "[1] length cap after the last completed stop (optional)"),
+)
+#: Outputs of a role model, in ``config.pbtxt`` order (the BLS caller requests them all).
+ROLE_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("output_ids", "INT32", (-1, -1), "[n, M] new ids, right-padded with -1"),
+    TensorSpec("output_lengths", "INT32", (-1,), "[n] number of new ids"),
+    TensorSpec("text_output", "STRING", (-1,), "[n] decoded new text"),
+    TensorSpec("finish_reason", "STRING", (-1,), "[n] stop / eos / length / cancelled"),
+    TensorSpec("counters", "STRING", (-1,), "[n] JSON of GenerationCounters"),
+    TensorSpec("stop_offsets", "STRING", (-1,), "[n] JSON list: new-token count at each completed stop string"),
+)
+_IN = {t.name: t for t in ROLE_INPUTS}
+_OUT = {t.name: t for t in ROLE_OUTPUTS}
 
 
 def _str(x) -> str:
@@ -76,31 +101,29 @@ def requests_to_arrays(requests: Sequence[GenerationRequest]) -> dict[str, np.nd
     if any(r.stop != stop or r.spec != spec or (r.stop_count, r.max_tokens_per_stop) != limits for r in requests):
         raise ValueError("requests: one call must share stop strings, stop limits and spec settings")
     n, width = len(requests), max(len(r.prompt_ids) for r in requests)
-    ids = np.full((n, width), -1, dtype=np.int32)
+    ids = np.full((n, width), -1, dtype=_IN["input_ids"].numpy_dtype)
     for i, r in enumerate(requests):
         ids[i, : len(r.prompt_ids)] = r.prompt_ids
-    arrays = {
-        "input_ids": ids,
-        "input_lengths": np.array([len(r.prompt_ids) for r in requests], dtype=np.int32),
-        "max_tokens": np.array([r.max_new_tokens for r in requests], dtype=np.int32),
+    values: dict[str, list] = {
+        "input_lengths": [len(r.prompt_ids) for r in requests],
+        "max_tokens": [r.max_new_tokens for r in requests],
     }
     # Optional inputs are sent only when they differ from the defaults the model applies: every tensor is
     # one more shared-memory transfer per BLS call, and a greedy step call needs none of them.
     if any(r.sampling != _DEFAULT_SAMPLING for r in requests):
-        arrays["temperature"] = np.array([r.sampling.temperature for r in requests], dtype=np.float32)
-        arrays["top_p"] = np.array([r.sampling.top_p for r in requests], dtype=np.float32)
-        arrays["top_k"] = np.array([r.sampling.top_k for r in requests], dtype=np.int32)
-        arrays["seed"] = np.array([-1 if r.sampling.seed is None else r.sampling.seed for r in requests],
-                                  dtype=np.int64)
+        values["temperature"] = [r.sampling.temperature for r in requests]
+        values["top_p"] = [r.sampling.top_p for r in requests]
+        values["top_k"] = [r.sampling.top_k for r in requests]
+        values["seed"] = [-1 if r.sampling.seed is None else r.sampling.seed for r in requests]
     if spec != _DEFAULT_SPEC:
-        arrays["spec_decode"] = _bytes([spec.model_dump_json()])
+        values["spec_decode"] = [spec.model_dump_json()]
     if stop:
-        arrays["stop"] = _bytes(stop)
+        values["stop"] = list(stop)
     if limits[0] != 1:
-        arrays["stop_count"] = np.array([limits[0]], dtype=np.int32)
+        values["stop_count"] = [limits[0]]
     if limits[1] is not None:
-        arrays["max_tokens_per_stop"] = np.array([limits[1]], dtype=np.int32)
-    return arrays
+        values["max_tokens_per_stop"] = [limits[1]]
+    return {"input_ids": ids, **{name: _IN[name].array(v) for name, v in values.items()}}
 
 
 def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
@@ -108,7 +131,7 @@ def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
     ``text_input``. Raises ``ValueError`` naming the tensor for malformed inputs."""
     ids, lengths, texts = get("input_ids"), get("input_lengths"), get("text_input")
     if ids is not None:
-        if ids.ndim != 2:
+        if ids.ndim != len(_IN["input_ids"].dims):
             raise ValueError(f"input_ids: expected shape [n, L], got {list(ids.shape)}")
         if lengths is None:
             lengths = np.array([int((row >= 0).sum()) for row in ids])
@@ -143,7 +166,8 @@ def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
     stop_arr = get("stop")
     stop = tuple(_str(s) for s in stop_arr.reshape(-1)) if stop_arr is not None else ()
     spec_arr = get("spec_decode")
-    spec = SpecDecodeConfig.model_validate_json(_str(spec_arr.reshape(-1)[0])) if spec_arr is not None else _DEFAULT_SPEC
+    spec = (SpecDecodeConfig.model_validate_json(_str(spec_arr.reshape(-1)[0])) if spec_arr is not None
+            else _DEFAULT_SPEC)
     count_arr, cap_arr = get("stop_count"), get("max_tokens_per_stop")
     stop_count = int(count_arr.reshape(-1)[0]) if count_arr is not None else 1
     per_stop = int(cap_arr.reshape(-1)[0]) if cap_arr is not None else None
@@ -180,17 +204,17 @@ def check_role_call(requests: Sequence[GenerationRequest], max_rows: int = ROLE_
 
 def results_to_arrays(results: Sequence[GenerationResult]) -> dict[str, np.ndarray]:
     n, width = len(results), max([len(r.token_ids) for r in results] + [1])
-    ids = np.full((n, width), -1, dtype=np.int32)
+    ids = np.full((n, width), -1, dtype=_OUT["output_ids"].numpy_dtype)
     for i, r in enumerate(results):
         ids[i, : len(r.token_ids)] = r.token_ids
-    return {
-        "output_ids": ids,
-        "output_lengths": np.array([len(r.token_ids) for r in results], dtype=np.int32),
-        "text_output": _bytes([r.text for r in results]),
-        "finish_reason": _bytes([r.finish_reason for r in results]),
-        "counters": _bytes([json.dumps(asdict(r.counters)) for r in results]),
-        "stop_offsets": _bytes([json.dumps(r.stop_offsets) for r in results]),
+    values = {
+        "output_lengths": [len(r.token_ids) for r in results],
+        "text_output": [r.text for r in results],
+        "finish_reason": [r.finish_reason for r in results],
+        "counters": [json.dumps(asdict(r.counters)) for r in results],
+        "stop_offsets": [json.dumps(r.stop_offsets) for r in results],
     }
+    return {"output_ids": ids, **{name: _OUT[name].array(v) for name, v in values.items()}}
 
 
 def arrays_to_results(get) -> list[GenerationResult]:

@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from .base import GenerationRequest, GenerationResult, check_stop_fields
-from .role_tensors import arrays_to_results, internal_parameters, requests_to_arrays
+from .role_tensors import ROLE_OUTPUTS, arrays_to_results, internal_parameters, requests_to_arrays
 from .tokenizer import TokenizerAccess
 
-OUTPUTS = ["output_ids", "output_lengths", "text_output", "finish_reason", "counters", "stop_offsets"]
+#: The role model's outputs a BLS call requests: all of them (:data:`.role_tensors.ROLE_OUTPUTS`).
+OUTPUTS = [t.name for t in ROLE_OUTPUTS]
 
 
 class DeferredRelease:
@@ -261,7 +262,8 @@ class TritonBLSEngine(TokenizerAccess):
                     kwargs["timeout"] = int(self.timeout_s * 1e6)  # microseconds
                 req = pb.InferenceRequest(model_name=self.model_name, inputs=inputs,
                                           requested_output_names=OUTPUTS, **kwargs)
-                responses = await self._watched(asyncio.get_running_loop().run_in_executor(self.executor, _exec_all, req))
+                call = asyncio.get_running_loop().run_in_executor(self.executor, _exec_all, req)
+                responses = await self._watched(call)
                 got = None
                 for resp in responses:
                     if resp.has_error():

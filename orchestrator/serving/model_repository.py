@@ -10,33 +10,20 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ..backends.role_tensors import ROLE_INPUTS, ROLE_OUTPUTS
 from ..core.request import FIELDS, TRITON_OUTPUTS
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "triton_models"
 ROLES = ("draft", "target", "judge")
 
-_ROLE_INPUTS = [
-    ("input_ids", "TYPE_INT32", "[ -1, -1 ]"),
-    ("input_lengths", "TYPE_INT32", "[ -1 ]"),
-    ("text_input", "TYPE_STRING", "[ -1 ]"),
-    ("max_tokens", "TYPE_INT32", "[ -1 ]"),
-    ("stop", "TYPE_STRING", "[ -1 ]"),
-    ("temperature", "TYPE_FP32", "[ -1 ]"),
-    ("top_p", "TYPE_FP32", "[ -1 ]"),
-    ("top_k", "TYPE_INT32", "[ -1 ]"),
-    ("seed", "TYPE_INT64", "[ -1 ]"),
-    ("spec_decode", "TYPE_STRING", "[ 1 ]"),
-    ("stop_count", "TYPE_INT32", "[ 1 ]"),
-    ("max_tokens_per_stop", "TYPE_INT32", "[ 1 ]"),
-]
-_ROLE_OUTPUTS = [
-    ("output_ids", "TYPE_INT32", "[ -1, -1 ]"),
-    ("output_lengths", "TYPE_INT32", "[ -1 ]"),
-    ("text_output", "TYPE_STRING", "[ -1 ]"),
-    ("finish_reason", "TYPE_STRING", "[ -1 ]"),
-    ("counters", "TYPE_STRING", "[ -1 ]"),
-    ("stop_offsets", "TYPE_STRING", "[ -1 ]"),
-]
+
+def _dims(dims: tuple[int, ...]) -> str:
+    return "[ " + ", ".join(str(d) for d in dims) + " ]"
+
+
+# The role models' inputs and outputs: derived from the one table of the role tensors.
+_ROLE_INPUTS = [(t.name, "TYPE_" + t.dtype, _dims(t.dims)) for t in ROLE_INPUTS]
+_ROLE_OUTPUTS = [(t.name, "TYPE_" + t.dtype, _dims(t.dims)) for t in ROLE_OUTPUTS]
 # The lookahead_reasoning model's inputs and outputs: derived from the one request definition.
 _LR_INPUTS = [(f.triton, "TYPE_" + f.dtype, "[ -1 ]" if f.many else "[ 1 ]") for f in FIELDS]
 _LR_OUTPUTS = [(name, "TYPE_" + dtype, "[ 1 ]") for name, dtype in TRITON_OUTPUTS]
