@@ -90,3 +90,22 @@ def test_no_import_cycles():
 
 def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_scheduler_contract_is_abstract_and_both_engines_keep_it():
+    """BatchScheduler's subclass contract is its abstract methods: a backend missing one cannot be built."""
+    import pytest
+    from lookahead_reasoning.backends.llamacpp import LlamaCppEngine
+    from lookahead_reasoning.backends.portable import PortableEngine
+    from lookahead_reasoning.backends.scheduler import BatchScheduler
+
+    assert BatchScheduler.__abstractmethods__ == {"validate", "_setup", "_admit", "_step", "_release", "_reset_batch",
+                                                  "reset_prefix_cache"}
+    assert not PortableEngine.__abstractmethods__ and not LlamaCppEngine.__abstractmethods__
+
+    class Partial(BatchScheduler):
+        def validate(self, req) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="_admit"):
+        Partial()

@@ -6,10 +6,10 @@ sequences between decoding steps, the token-level SD proposals of each row (:mod
 verification of a step's logits (greedy rows from one argmax, sampled rows by speculative rejection sampling),
 stop strings, EOS, ``max_new_tokens`` and the completion of a request.
 
-A backend subclasses :class:`BatchScheduler` and supplies the model side: ``_setup`` (load the model in the
-scheduler thread), ``_admit`` (prefill new sequences), ``_step`` (one decoding forward for the running batch,
-then :meth:`BatchScheduler._commit`), ``_release`` (a finished or cancelled row leaves the batch) and
-``_reset_batch`` (after a failed step).
+A backend subclasses :class:`BatchScheduler` and supplies the model side, its abstract methods: ``validate`` (refuse
+a request it cannot serve), ``_setup`` (load the model in the scheduler thread), ``_admit`` (prefill new sequences),
+``_step`` (one decoding forward for the running batch, then :meth:`BatchScheduler._commit`), ``_release`` (a finished
+or cancelled row leaves the batch), ``_reset_batch`` (after a failed step) and ``reset_prefix_cache``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -81,16 +82,69 @@ class Seq:
         return self.cancelled or self.group.cancelled
 
 
-class BatchScheduler(FutureEngineMixin):
+class BatchScheduler(FutureEngineMixin, ABC):
     """In-flight batching over a backend's model (see the module docstring).
 
-    A subclass sets, in ``_setup``: ``self.tokenizer`` and the :class:`~.tokenizer.TokenizerAccess` limits,
-    ``self._pad`` (a padding id) and ``self._proposers`` entries beyond n-gram; and it implements ``validate``,
-    ``_admit``, ``_step``, ``_release``, ``_reset_batch`` and ``reset_prefix_cache``.
+    The subclass contract: the abstract methods below, and the attributes annotated here: ``name`` (the runtime, as
+    :data:`.drafters.DRAFTERS` knows it), and, set in ``_setup``, ``self.tokenizer`` with the
+    :class:`~.tokenizer.TokenizerAccess` limits (``_eos``, ``_context``, ``_vocab``, and ``decode``) and ``self._pad``
+    (a padding id). ``_proposers`` comes from :meth:`_start_scheduler`; ``_setup`` may replace it with more proposers
+    (:func:`.drafters.make_proposers`) once heads that read the model's features are loaded. The scheduler thread
+    calls ``_setup``, then ``_admit``, ``_step``, ``_release`` and ``_reset_batch`` under ``_work_lock``; callers'
+    threads call :meth:`validate` and :meth:`reset_prefix_cache`.
     """
 
     supports_stop_count = True  # GenerationRequest.stop_count > 1: several steps in one call
     max_batch_size = 64
+    name: str
+    _pad: int
+    _eos: frozenset[int]
+    _context: int
+    _vocab: int
+    decode: Callable[[Sequence[int]], str]  # TokenizerAccess.decode (annotated only: a method here would shadow it)
+
+    # -- the model side (what a backend implements) ----------------------------------------------------------
+    @abstractmethod
+    def validate(self, req: GenerationRequest) -> None:
+        """Raise ``ValueError`` naming the field (``spec.method``, ``prompt_ids``, ...) if ``req`` cannot be served;
+        :meth:`submit` calls it for every request of a call before queueing any (callers' threads)."""
+
+    @abstractmethod
+    def _setup(self, model) -> None:
+        """Load the model (``model``: one built already, or None) and build the backend's state, in the scheduler
+        thread before it serves: set the attributes of the class docstring. An exception here is raised by
+        :meth:`_start_scheduler` in the constructor."""
+
+    @abstractmethod
+    def _admit(self, new: list[Seq]) -> None:
+        """Prefill ``new`` (queued, not cancelled) sequences, KV for ``tokens[:-1]`` of each, and append them to
+        ``self._running``; set their ``counters`` (queue and prefill). An exception fails the groups of ``new`` and
+        of the running rows, then :meth:`_reset_batch`."""
+
+    @abstractmethod
+    def _step(self) -> None:
+        """One decoding forward for every row of ``self._running``: each row's last token plus its proposals
+        (:meth:`_proposals`), verified by :meth:`_commit` (padded rows) or :meth:`_commit_flat` (rows one after
+        another); rows that finished leave through :meth:`_release`."""
+
+    @abstractmethod
+    def _release(self, s: Seq) -> None:
+        """Take the finished or cancelled (``s.finish == "cancelled"``) row ``s`` out of ``self._running`` and the
+        backend's batch state (keeping its KV for a later prefix where the backend caches it, never a cancelled
+        row's), then :meth:`_complete` it."""
+
+    @abstractmethod
+    def _reset_batch(self) -> None:
+        """After a failed :meth:`_admit` or :meth:`_step` (``self._running`` already emptied, its groups failed):
+        drop the running rows' state so the next step starts from an empty batch; cached prefixes may stay."""
+
+    @abstractmethod
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix (KV kept for later requests), safely against the scheduler thread (callers'
+        threads call it, e.g. between benchmark runs)."""
+
+    def _shutdown(self) -> None:
+        """Free the backend's native resources (runs in the scheduler thread after the last step); optional."""
 
     def _start_scheduler(self, model, proposers: dict[str, Proposer]) -> None:
         """Start the scheduler thread, which calls ``_setup(model)`` first; errors while loading are raised here."""
@@ -123,7 +177,7 @@ class BatchScheduler(FutureEngineMixin):
         """
         requests = list(requests)
         for req in requests:
-            self.validate(req)  # type: ignore[attr-defined]
+            self.validate(req)
         fut: Future = Future()
         group = _Group(fut, [None] * len(requests), len(requests), [Future() for _ in requests])
         if not requests:
@@ -190,7 +244,7 @@ class BatchScheduler(FutureEngineMixin):
     # -- scheduler -------------------------------------------------------------------------------------
     def _loop(self, model, ready: Future) -> None:
         try:
-            self._setup(model)  # type: ignore[attr-defined]
+            self._setup(model)
         except BaseException as exc:  # noqa: BLE001 - handed to the constructor
             ready.set_exception(exc)
             return
@@ -215,28 +269,25 @@ class BatchScheduler(FutureEngineMixin):
                         self._complete(s)
                     new = [s for s in new if not s.stopped]
                     if new:
-                        self._admit(new)  # type: ignore[attr-defined]
+                        self._admit(new)
                     if self._running:
-                        self._step()  # type: ignore[attr-defined]
+                        self._step()
                 except Exception as exc:  # keep serving: fail only the affected groups
                     log.exception("engine step failed")
                     groups = {id(s.group): s.group for s in self._running + new}
                     for g in groups.values():
                         _fail(g, exc)
                     self._running = []
-                    self._reset_batch()  # type: ignore[attr-defined]
+                    self._reset_batch()
         with self._cv:
             for s in self._pending + self._running:
                 _fail(s.group, RuntimeError("engine closed"))
         self._shutdown()
 
-    def _shutdown(self) -> None:
-        """Free the backend's native resources (runs in the scheduler thread after the last step)."""
-
     def _drop_cancelled(self) -> None:
         for s in [s for s in self._running if s.stopped]:
             s.finish = "cancelled"
-            self._release(s)  # type: ignore[attr-defined]
+            self._release(s)
         with self._cv:
             gone = [s for s in self._pending if s.stopped]
             self._pending = [s for s in self._pending if not s.stopped]
@@ -258,7 +309,7 @@ class BatchScheduler(FutureEngineMixin):
             room = min(
                 s.spec_k,
                 s.req.max_new_tokens - len(s.generated) - 1,
-                self._context - len(s.tokens) - 1,  # type: ignore[attr-defined]
+                self._context - len(s.tokens) - 1,
             )
             if room <= 0:
                 continue
@@ -278,7 +329,7 @@ class BatchScheduler(FutureEngineMixin):
         """``(ids, real, pos)`` of one decoding step, each ``[rows, width]``: row ``r`` feeds its last token and its
         proposals (padded with ``self._pad``), ``real`` marks the fed slots and ``pos`` holds their positions."""
         n_props = torch.tensor([len(p) for p, _ in props])
-        ids = torch.tensor([[s.tokens[-1]] + p + [self._pad] * (width - 1 - len(p))  # type: ignore[attr-defined]
+        ids = torch.tensor([[s.tokens[-1]] + p + [self._pad] * (width - 1 - len(p))
                             for s, (p, _) in zip(self._running, props, strict=False)], dtype=torch.long)
         cols = torch.arange(width)
         real = cols[None] <= n_props[:, None]
@@ -390,16 +441,16 @@ class BatchScheduler(FutureEngineMixin):
         """
         s.tokens.append(tok)
         n_gen = len(s.tokens) - s.n_prompt
-        if tok in self._eos:  # type: ignore[attr-defined]
+        if tok in self._eos:
             s.finish = "eos"
             return True
         since = n_gen - (s.stop_offsets[-1] if s.stop_offsets else 0)  # tokens since the last completed stop
         if s.stop_chars:
             n = min(since, s.stop_chars + 1)
-            tail = self.decode(s.tokens[-n:])  # type: ignore[attr-defined]
+            tail = self.decode(s.tokens[-n:])
             while len(tail) <= s.stop_chars and n < since:  # tokens that decode to little or nothing
                 n = min(since, 2 * n)
-                tail = self.decode(s.tokens[-n:])  # type: ignore[attr-defined]
+                tail = self.decode(s.tokens[-n:])
             if any(x in tail for x in s.req.stop):
                 s.stop_offsets.append(n_gen)
                 if len(s.stop_offsets) >= s.req.stop_count:
@@ -407,7 +458,7 @@ class BatchScheduler(FutureEngineMixin):
                     return True
                 since = 0
         cap = s.req.max_tokens_per_stop
-        if (n_gen >= s.req.max_new_tokens or len(s.tokens) >= self._context  # type: ignore[attr-defined]
+        if (n_gen >= s.req.max_new_tokens or len(s.tokens) >= self._context
                 or (cap is not None and since >= cap)):
             s.finish = "length"
             return True
@@ -420,7 +471,7 @@ class BatchScheduler(FutureEngineMixin):
         self.stats.prefill_tokens_computed += s.counters.prefill_tokens_computed
         self.stats.drafted_tokens += s.counters.drafted_tokens
         self.stats.accepted_tokens += s.counters.accepted_tokens
-        res = GenerationResult(list(gen), self.decode(gen), s.finish or "length", s.counters,  # type: ignore[attr-defined]
+        res = GenerationResult(list(gen), self.decode(gen), s.finish or "length", s.counters,
                                torch.cat(s.probs) if s.probs else None, list(s.stop_offsets))
         g = s.group
         g.results[s.index] = res
