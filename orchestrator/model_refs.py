@@ -80,8 +80,8 @@ def resolve(ref: str, base: Path | None = None, cache: Path | None = None) -> Pa
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; one line naming the file instead
         raise ValueError(f"path: transformers could not read the GGUF {path} ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else 'no message'}); for runtimes llamacpp and openai, a "
-                         "`tokenizer` folder in the model spec avoids dequantising it") from None
+                         f"{str(exc).splitlines()[0] if str(exc) else 'no message'}); for runtimes llamacpp and "
+                         "openai, a `tokenizer` folder in the model spec avoids dequantising it") from None
     # The weights are already dequantised to float tensors; drop the GGUF marker so they save as plain
     # safetensors (transformers refuses to serialise a model it considers GGUF-quantised).
     model.hf_quantizer = None

@@ -33,7 +33,8 @@ def math_item(ref: str) -> EvalItem:
 @pytest.mark.parametrize("text,expected", [
     ("so the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
     ("\\boxed{\\dfrac{3}{4}}", "\\dfrac{3}{4}"),
-    ("first \\boxed{1} then \\boxed{\\left\\{ x \\mid x^{2} \\in \\{1, 4\\} \\right\\}}", "\\left\\{ x \\mid x^{2} \\in \\{1, 4\\} \\right\\}"),
+    ("first \\boxed{1} then \\boxed{\\left\\{ x \\mid x^{2} \\in \\{1, 4\\} \\right\\}}",
+     "\\left\\{ x \\mid x^{2} \\in \\{1, 4\\} \\right\\}"),
     ("$\\boxed{\\frac{\\sqrt{3}}{2}}$", "\\frac{\\sqrt{3}}{2}"),
     ("\\fbox{7}", "7"),
     ("\\boxed 5$", "5"),

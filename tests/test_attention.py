@@ -29,7 +29,8 @@ def test_grouped_sdpa_equals_transformers_sdpa_under_a_mask(width, heads, kv_hea
     q, k, v, gen = _qkv(rows, heads, kv_heads, width, slots, seed=width * 100 + heads * 10 + kv_heads)
     allowed = torch.rand(rows, 1, width, slots, generator=gen) > 0.3  # holes, as the engine's batch cache has
     allowed[..., -1] = True  # every query sees at least one slot
-    mask = allowed if mask_kind == "bool" else torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    mask = (allowed if mask_kind == "bool"
+            else torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min))
     layer = Layer(heads // kv_heads)
     got, _ = grouped_sdpa(layer, q, k, v, mask)
     want, _ = sdpa_attention_forward(layer, q, k, v, mask)

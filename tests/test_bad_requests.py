@@ -2,8 +2,8 @@
 
 Every case must get a clear error naming the field (in that channel's own vocabulary: ``--max-tokens`` on the
 command line, ``max_tokens`` elsewhere, ``text_input`` for the prompt on Triton, ``prompt`` on the OpenAI
-front), and the server must answer the next good request correctly. Cases that a channel cannot even express (a wrong tensor dtype on the command
-line, say) are marked with the channels they apply to.
+front), and the server must answer the next good request correctly. Cases that a channel cannot even express
+(a wrong tensor dtype on the command line, say) are marked with the channels they apply to.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ CASES = [
     Case("empty prompt", {"text_input": ""}, _e("prompt", triton="text_input")),
     Case("whitespace prompt", {"text_input": "  \n\t "}, _e("prompt", triton="text_input")),
     Case("invalid utf-8", {"text_input": "bad \udcff bytes"}, _e("prompt", triton="text_input"),  # not JSON-able
-         channels=("cli", "python", "grpc"), raw={"text_input": (np.array([b"bad \xff bytes"], dtype=np.object_), "BYTES")}),
+         channels=("cli", "python", "grpc"),
+         raw={"text_input": (np.array([b"bad \xff bytes"], dtype=np.object_), "BYTES")}),
     Case("prompt over the context window", {"text_input": "12 " * 700}, _e("prompt", triton="text_input")),
     Case("prompt over the server's byte limit", {"text_input": "x " * 5000},
          {"grpc": "text_input", "http": "text_input", "openai": "prompt"}, channels=("grpc", "http", "openai")),
@@ -281,7 +282,8 @@ RAW_HTTP = [
     ("max_tokens true", b'{"text_input": "hi", "max_tokens": true}', 500, "non-signed-integer as signed-integer"),
     ("temperature a word", b'{"text_input": "hi", "temperature": "hot"}', 500, "non-number as double"),
     ("seed beyond int64", b'{"text_input": "hi", "seed": 18446744073709551617}', 500, "non-signed-integer"),
-    ("max_tokens 10^12", b'{"text_input": "hi", "max_tokens": 1000000000000}', 400, "max_tokens: 1000000000000 exceeds"),
+    ("max_tokens 10^12", b'{"text_input": "hi", "max_tokens": 1000000000000}', 400,
+     "max_tokens: 1000000000000 exceeds"),
     ("top_k 2^32+1", b'{"text_input": "hi", "top_k": 4294967297}', 400, "top_k: 4294967297 exceeds"),
 ]
 

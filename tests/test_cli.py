@@ -51,7 +51,8 @@ def test_draft_model_sd_alone_runs(tiny_profile, tmp_path):
     assert out.returncode == 0, out.stderr
     sd = json.loads(out.stdout)
     assert sd["metrics"]["sd_method"] == "draft_model" and sd["metrics"]["generated_tokens"] > 0
-    ar = json.loads(_cli("generate", "--config", str(path), "--prompt", "Step 1: 4 + 4", "--json", "--mode", "ar").stdout)
+    ar = json.loads(_cli("generate", "--config", str(path), "--prompt", "Step 1: 4 + 4", "--json",
+                         "--mode", "ar").stdout)
     assert sd["text"] == ar["text"]  # greedy SD is lossless
     report = tmp_path / "eval.json"  # and in eval, on the same items
     out = _cli("eval", "--config", str(path), "--dataset", "synthetic", "--limit", "3", "--modes", "ar,sd",
@@ -247,9 +248,10 @@ def test_serve_sigterm_leaves_no_repository_and_no_shared_memory(tiny_profile_ya
     from lookahead_reasoning.serving.server import free_port, shm_segments_of
 
     grpc = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "lookahead_reasoning.cli", "serve", "--config", str(tiny_profile_yaml),
-                             "--http-port", str(free_port()), "--grpc-port", str(grpc),
-                             "--metrics-port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "lookahead_reasoning.cli", "serve",
+                             "--config", str(tiny_profile_yaml), "--http-port", str(free_port()),
+                             "--grpc-port", str(grpc), "--metrics-port", str(free_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)  # (Triton's log goes to stderr: a pipe nobody reads would fill and block it)
     try:
         repo, deadline = None, time.monotonic() + 240

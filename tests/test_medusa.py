@@ -103,7 +103,8 @@ def test_heads_are_saved_in_tensorrt_llm_layout(tmp_path):
     assert (cfg["medusa_num_heads"], cfg["medusa_num_layers"]) == (2, 1)
     keys = set(load_file(str(folder / WEIGHTS)))
     # tensorrt_llm/models/medusa/weight.py::load_medusa_hf reads exactly these names
-    assert keys == {f"{h}.0.linear.{x}" for h in range(2) for x in ("weight", "bias")} | {f"{h}.1.weight" for h in range(2)}
+    assert keys == ({f"{h}.0.linear.{x}" for h in range(2) for x in ("weight", "bias")}
+                    | {f"{h}.1.weight" for h in range(2)})
     again = MedusaHeads.from_pretrained(folder)
     x = torch.randn(5, 16)
     assert torch.equal(again(x), heads(x))

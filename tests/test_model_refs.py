@@ -130,7 +130,7 @@ def test_a_half_written_cache_entry_is_not_used(tmp_path):
     f.write_bytes(b"not really gguf")
     cache = tmp_path / "cache"
     (cache / "gguf" / _gguf_key(f)).mkdir(parents=True)
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="could not read the GGUF"):
         resolve(str(f), cache=cache)
 
 

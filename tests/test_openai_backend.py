@@ -70,7 +70,8 @@ def test_asyncio_and_threads_interleave(stack, reference):
 
 def test_stop_string_completing_token_stays(stack):
     _, engine, _, client = stack
-    ids = engine.encode("Given: Mia has 4 boxes.\n\nMia has 4 x 2 = 8 pencils.\n\n")  # a trace prefix: the demo target goes on
+    # a trace prefix: the demo target goes on
+    ids = engine.encode("Given: Mia has 4 boxes.\n\nMia has 4 x 2 = 8 pencils.\n\n")
     free = engine.generate([GenerationRequest(ids, 40)])[0]
     assert len(free.text) >= 8, free.text
     stop = free.text[5:7]

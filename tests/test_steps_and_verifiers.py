@@ -54,14 +54,15 @@ def test_split_reasoning(text, parser, reasoning, answer):
 def test_split_reasoning_parsers():
     # deepseek_r1: the chat template opened <think>, so untagged text is reasoning still in progress
     assert split_reasoning("step 1\n\nstep 2", "deepseek_r1") == ("step 1\n\nstep 2", "")
-    assert split_reasoning("step 1\n\n</think>\n\nAnswer: 4.\n\n#### 4", "deepseek_r1") == ("step 1", "Answer: 4.\n\n#### 4")
+    assert split_reasoning("step 1\n\n</think>\n\nAnswer: 4.\n\n#### 4", "deepseek_r1") == (
+        "step 1", "Answer: 4.\n\n#### 4")
     assert split_reasoning("no tags", "qwen3") == (None, "no tags")
     assert split_reasoning("a</think>b", "none") == (None, "a</think>b")
 
 
 @settings(max_examples=200, deadline=None)
-@given(parts=st.lists(st.sampled_from(["<think>", "</think>", "\n\n", "step 1.", " 4 + 5 = 9.", "<", "</th", "ink>", "#### 9",
-                                                    " ", "\n", "x = "]),
+@given(parts=st.lists(st.sampled_from(["<think>", "</think>", "\n\n", "step 1.", " 4 + 5 = 9.", "<", "</th", "ink>",
+                                                    "#### 9", " ", "\n", "x = "]),
                       max_size=12),
        cuts=st.lists(st.integers(0, 200), max_size=6),
        parser=st.sampled_from(["qwen3", "deepseek_r1", "none"]))

@@ -85,7 +85,8 @@ def test_wording_is_a_function_of_the_problem_and_varies():
         for j in range(len(p.steps)):
             assert syn.step_style(p.context, j) == syn.step_style(p.context, j)
             frame, order = syn.step_style(p.context, j)
-            assert syn.render_step(p.kinds[j], p.computations[j], p.context, frame, order, p.step_slots[j]) == p.steps[j]
+            assert (syn.render_step(p.kinds[j], p.computations[j], p.context, frame, order, p.step_slots[j])
+                    == p.steps[j])
     # commutative operands appear in both orders across problems
     swapped = sum(
         1 for p in ps for s, c in zip(p.steps, p.computations, strict=False)
@@ -340,7 +341,8 @@ def test_step_pairs_of_chosen_kinds():
                   for a, b, y in pairs}
     assert gold_kinds == {"given"}
     assert 0.3 < sum(y for *_, y in pairs) / len(pairs) < 0.7
-    assert syn.generate_step_pairs(300, seed=4, style="long", kinds=None) == syn.generate_step_pairs(300, seed=4, style="long")
+    assert (syn.generate_step_pairs(300, seed=4, style="long", kinds=None)
+            == syn.generate_step_pairs(300, seed=4, style="long"))
     for style, bad in (("long", ()), ("long", ("gven",)), ("short", ("given",)), ("long", "given")):
         with pytest.raises(ValueError, match="kinds"):
             syn.generate_step_pairs(1, 0, style=style, kinds=bad)

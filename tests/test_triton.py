@@ -54,7 +54,8 @@ def test_grpc_streaming_pieces_make_the_answer(triton_server, items):
         steps = chunks[:-1]
         assert steps and all(c.metrics is None and c.source in ("draft", "target") for c in steps)
         assert "".join(c.text for c in steps) == whole.text
-        assert sum(c.token_count for c in steps) == final.metrics["generated_tokens"] == whole.metrics["generated_tokens"]
+        assert (sum(c.token_count for c in steps) == final.metrics["generated_tokens"]
+                == whole.metrics["generated_tokens"])
         assert final.metrics["mode"] == "lr+sd" and final.metrics["cycles"] >= 1
 
 
@@ -437,7 +438,8 @@ def test_access_log_has_one_line_per_request(triton_server, items):
         _run(client.generate(items[0].prompt, max_tokens=0))
     new = lines()[before:]
     assert len(new) == 2, new
-    assert "status=ok mode=ar stream=false" in new[0] and f"generated_tokens={done.metrics['generated_tokens']}" in new[0]
+    assert "status=ok mode=ar stream=false" in new[0]
+    assert f"generated_tokens={done.metrics['generated_tokens']}" in new[0]
     assert "status=error reason=bad_request" in new[1] and "max_tokens" in new[1]
 
 

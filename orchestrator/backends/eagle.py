@@ -170,7 +170,8 @@ class Eagle3Head(nn.Module):
         feats = torch.zeros((rows, n, features[0].shape[1]), dtype=dt, device=dev)
         toks = torch.zeros((rows, n), dtype=torch.long, device=dev)
         real = torch.zeros((rows, n), dtype=torch.bool, device=dev)
-        for r, (f, t) in enumerate(zip(features, tokens, strict=False)):  # right-aligned: every row's last position is n - 1
+        # right-aligned: every row's last position is n - 1
+        for r, (f, t) in enumerate(zip(features, tokens, strict=False)):
             feats[r, n - f.shape[0]:] = f.to(dt)
             toks[r, n - f.shape[0]:] = torch.tensor(t[-f.shape[0]:], dtype=torch.long)
             real[r, n - f.shape[0]:] = True

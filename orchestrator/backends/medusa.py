@@ -129,7 +129,8 @@ class MedusaHeads(nn.Module):
 class MedusaProposer:
     """``method: medusa``: each row's proposals are the heads' argmaxes on the hidden state the target's last
     forward produced at the row's last committed token (the last row of ``ProposalRow.features``: from its
-    prefill for its first decoding step, then from each verification forward). All rows' heads run in one batched call."""
+    prefill for its first decoding step, then from each verification forward). All rows' heads run in one
+    batched call."""
 
     method = "medusa"
 

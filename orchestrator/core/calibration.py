@@ -3,9 +3,10 @@
 ``c`` is the draft's time per decoding step over the target's, ``b(n)`` the target's time per decoding step
 with ``n`` sequences sharing a prefix (of lengths growing by 8 tokens, like a cycle's branches) over one
 sequence; as in a cycle, only the shared prompt is cached (what a branch adds is new to the target), and the
-prefill forwards are not counted in ``b`` where the engine times them (they are the speed model's ``Pi``). Both are measured through the engine interface
-(so any backend can be calibrated): a warm prompt of ``prompt_tokens`` tokens, ``new_tokens`` greedy tokens,
-wall time divided by decoding steps (per-call overhead amortised over the steps, as in a real step).
+prefill forwards are not counted in ``b`` where the engine times them (they are the speed model's ``Pi``).
+Both are measured through the engine interface (so any backend can be calibrated): a warm prompt of
+``prompt_tokens`` tokens, ``new_tokens`` greedy tokens, wall time divided by decoding steps (per-call overhead
+amortised over the steps, as in a real step).
 
 ``v(w)``, the cost of one forward with ``w`` new positions per row (a token-level SD verification of
 ``w - 1`` proposals, or a prefill of ``w`` prompt tokens) relative to ``w = 1``, is read from the engine's own

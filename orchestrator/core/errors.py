@@ -7,7 +7,8 @@ import re
 
 class FieldError(ValueError):
     """A bad value: ``field`` (a path such as ``gamma`` or ``messages[1].role``) and ``message``; ``str()`` reads
-    ``"field: message"``. Fronts name the field in their own terms (:func:`lookahead_reasoning.core.request.front_error`)."""
+    ``"field: message"``. Fronts name the field in their own terms
+    (:func:`lookahead_reasoning.core.request.front_error`)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}" if field else message)

@@ -37,7 +37,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
 import yaml
 
@@ -73,7 +72,7 @@ class WriteFile:
     executable: bool = False
 
 
-Step = Union[Command, WriteFile]
+Step = Command | WriteFile
 
 
 @dataclass
@@ -233,7 +232,8 @@ def _plan_trt_engine(spec: EngineSpec, checkpoint: str, out: Path) -> list[Step]
         build += ["--use_fp8_context_fmha", "enable"]
     if d.method == "medusa":
         build += ["--speculative_decoding_mode", "medusa", "--max_draft_len", str(d.max_draft_len)]  # type: ignore[union-attr]
-    steps.append(Command(tuple(build), "build the TensorRT engine (legacy trtllm-build)", requires=("exe:trtllm-build",)))
+    steps.append(Command(tuple(build), "build the TensorRT engine (legacy trtllm-build)",
+                         requires=("exe:trtllm-build",)))
     steps.append(WriteFile(out / "serve.sh", _serve_script(spec, str(out / "engine"),
                                                            ["--backend", "tensorrt", "--tokenizer", checkpoint]),
                            "start trtllm-serve on the engine (TensorRT-LLM <= 1.2.x)", executable=True))

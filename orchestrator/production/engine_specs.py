@@ -65,9 +65,9 @@ class CalibrationSpec(_Strict):
     """Calibration data for FP8 post-training quantization (ModelOpt ``mtq.quantize`` forward loop).
 
     ``dataset``: ``synthetic`` (problems from the synthetic task's generator with ``seed``; the quantization
-    script refuses the held-out evaluation seeds, so calibration never sees evaluation problems) or a JSONL file of GSM8K-format rows (``question`` /
-    ``answer``). Each sample is the chat-templated question plus its worked answer, truncated to
-    ``max_seq_len`` tokens.
+    script refuses the held-out evaluation seeds, so calibration never sees evaluation problems) or a JSONL file
+    of GSM8K-format rows (``question`` / ``answer``). Each sample is the chat-templated question plus its worked
+    answer, truncated to ``max_seq_len`` tokens.
     """
 
     dataset: str = "synthetic"

@@ -103,9 +103,11 @@ class ServerConfig:
     metrics_port: int = 8002
     model_control_mode: str = "explicit"  # every model loaded at start; "none" disables restart_dead_models
     log_verbose: int = 0
-    log_level: str = "info"  # error | warning | info | verbose (Triton's --log-error/--log-warning/--log-info/--log-verbose)
+    # error | warning | info | verbose (Triton's --log-error/--log-warning/--log-info/--log-verbose)
+    log_level: str = "info"
     extra_args: list[str] = field(default_factory=list)
-    guard_role_models: bool = True  # role models answer only the orchestrator's BLS calls (role_tensors.INTERNAL_KEY_ENV)
+    # role models answer only the orchestrator's BLS calls (role_tensors.INTERNAL_KEY_ENV)
+    guard_role_models: bool = True
     # Reload a model whose Python-backend process died: Triton 2.51 neither restarts it nor stops reporting the model
     # ready, and answers every later request with "Stub process ... is not healthy" (explicit control mode only)
     restart_dead_models: bool = True
@@ -245,8 +247,8 @@ class TritonServer:
                            + (f" (log: {self.log_path})" if self.log_path else ""))
 
     def engine_dtypes(self) -> dict[str, str]:
-        """``{role: dtype}`` of the role models' engines, read from the ``lookahead_engine_dtype_info`` metric ({} if the
-        metrics endpoint does not answer)."""
+        """``{role: dtype}`` of the role models' engines, read from the ``lookahead_engine_dtype_info`` metric
+        ({} if the metrics endpoint does not answer)."""
         import re
 
         try:

@@ -110,10 +110,14 @@ class RoleModel:
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         # Keep the families referenced: the Python backend unregisters a family when its object is freed.
         self._families = [
-            pb_utils.MetricFamily("lookahead_engine_active_sequences", "sequences queued or running in the role's engine", gauge),
-            pb_utils.MetricFamily("lookahead_engine_prefix_cache_bytes", "bytes held by the role's prefix KV cache", gauge),
-            pb_utils.MetricFamily("lookahead_engine_cancelled_total", "engine calls cancelled by their caller", counter),
-            pb_utils.MetricFamily("lookahead_engine_dtype_info", "1, labelled with the dtype the role's engine runs in", gauge),
+            pb_utils.MetricFamily("lookahead_engine_active_sequences",
+                                  "sequences queued or running in the role's engine", gauge),
+            pb_utils.MetricFamily("lookahead_engine_prefix_cache_bytes",
+                                  "bytes held by the role's prefix KV cache", gauge),
+            pb_utils.MetricFamily("lookahead_engine_cancelled_total",
+                                  "engine calls cancelled by their caller", counter),
+            pb_utils.MetricFamily("lookahead_engine_dtype_info",
+                                  "1, labelled with the dtype the role's engine runs in", gauge),
         ]
         self._active, self._cache_bytes, self._cancelled = (f.Metric(labels=labels) for f in self._families[:3])
         self._families[3].Metric(labels={**labels, "dtype": engine_dtype(self.engine)}).set(1)
