@@ -39,11 +39,11 @@ def _profile_flags(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args) -> int:
     from .core.calibration import calibrate_reasoner
-    from .core.request import Limits, parse_request
+    from .core.request import parse_request
     from .profiles import build_reasoner_for, close_reasoner, load_profile
 
     profile = load_profile(args.profile, args.config)
-    req, opts = parse_request(request_values(args), profile.options, Limits(max_gamma=profile.max_gamma_cap))
+    req, opts = parse_request(request_values(args), profile.options)
     messages = req.chat()
     args.prompt = req.prompt
     reasoner = build_reasoner_for(profile, opts, [opts.mode])
@@ -262,10 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-concurrency", type=_positive_int, default=256, help="requests in flight before refusing")
     s.add_argument("--bls-threads", type=_positive_int, default=64,
                    help="worker threads for the orchestrator's BLS calls (role-model calls in flight at once)")
-    s.add_argument("--call-timeout-s", type=float, default=None, help="timeout of each call to a role model, s (unset: none)")
-    s.add_argument("--judge-timeout-s", type=float, default=None, help="per judge call, s; slower = drafts rejected (unset: none)")
-    s.add_argument("--draft-timeout-s", type=float, default=None, help="per draft call, s; slower = target-only (unset: none)")
-    s.add_argument("--target-timeout-s", type=float, default=None, help="per target call, s; slower = error (unset: none)")
+    s.add_argument("--call-timeout-s", type=float, default=None,
+                   help="timeout of each call to a role model, s (unset: none)")
+    s.add_argument("--judge-timeout-s", type=float, default=None,
+                   help="per judge call, s; slower = drafts rejected (unset: none)")
+    s.add_argument("--draft-timeout-s", type=float, default=None,
+                   help="per draft call, s; slower = target-only (unset: none)")
+    s.add_argument("--target-timeout-s", type=float, default=None,
+                   help="per target call, s; slower = error (unset: none)")
     s.add_argument("--log-file", default=None,
                    help="append Triton's log (with one access-log line per request) here instead of stderr")
     s.add_argument("--log-level", choices=("error", "warning", "info", "verbose"), default="info",

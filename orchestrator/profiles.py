@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
@@ -146,8 +147,8 @@ class Profile(BaseModel):
     target: ModelSpec
     draft: ModelSpec | None = None
     judge: ModelSpec | None = None
-    options: LROptions = LROptions()
-    max_gamma_cap: int = Field(8, ge=0, description="largest gamma a request may ask for")
+    options: LROptions = Field(LROptions(), description="every request's defaults; options.max_gamma is the one cap "
+                                                        "on gamma (a request's, and the adaptive controller's)")
     reasoning_parser: ReasoningParser = Field(
         "none", description="how answers split into reasoning and final answer (vLLM's --reasoning-parser names): "
                             "generate --json and /v1/chat/completions return them as reasoning_content and content")
@@ -155,6 +156,31 @@ class Profile(BaseModel):
         None, description="judges a server serves, their models loaded at start-up (default: every judge whose "
                           "model the profile loads anyway: exact, normalized, numeric, random, and llm with a judge "
                           "model; list embedding to serve it)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_gamma_cap(cls, data: Any) -> Any:
+        """Profiles written before issue 57 gave the cap on gamma as a top-level ``max_gamma_cap``: it moves into
+        ``options.max_gamma``, the one cap (refused, naming the key, where both are given and differ)."""
+        if not isinstance(data, Mapping) or "max_gamma_cap" not in data:
+            return data
+        data = dict(data)
+        cap = data.pop("max_gamma_cap")
+        options = data.get("options", {})
+        if isinstance(options, LROptions):
+            given = "max_gamma" in options.model_fields_set
+            options = options.model_dump(by_alias=False)
+        elif isinstance(options, Mapping):
+            given = "max_gamma" in options
+            options = dict(options)
+        else:
+            return data  # not options at all: the options' own error says so
+        if given and options["max_gamma"] != cap:
+            raise ValueError(f"max_gamma_cap: {cap!r} differs from options.max_gamma {options['max_gamma']!r} "
+                             "(max_gamma_cap is the old name of options.max_gamma: give only that)")
+        options["max_gamma"] = cap
+        data["options"] = options
+        return data
 
     @field_validator("options", mode="after")
     @classmethod

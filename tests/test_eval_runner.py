@@ -101,7 +101,7 @@ def test_eval_handler_with_gamma_sweep(tiny_model_dir, tiny_draft_dir, tmp_path)
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({
         "name": "tiny", "target": {"path": str(tiny_model_dir)}, "draft": {"path": str(tiny_draft_dir)},
-        "options": {"judge": {"name": "exact"}, "max_tokens": 4, "gamma": 2}, "max_gamma_cap": 4}))
+        "options": {"judge": {"name": "exact"}, "max_tokens": 4, "gamma": 2, "max_gamma": 4}}))
     # the eval parser as cli.py builds it: the request's flags without --gamma, which eval takes as a list
     p = build_parser()
     out = tmp_path / "eval.json"
@@ -220,7 +220,7 @@ def test_eval_command_reports_measurement_intervals_and_load_warning(tiny_model_
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({
         "name": "tiny", "target": {"path": str(tiny_model_dir)}, "draft": {"path": str(tiny_draft_dir)},
-        "options": {"judge": {"name": "exact"}, "max_tokens": 4, "gamma": 2}, "max_gamma_cap": 4}))
+        "options": {"judge": {"name": "exact"}, "max_tokens": 4, "gamma": 2, "max_gamma": 4}}))
     monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 1.0, 1.0))  # a busy machine
     out = tmp_path / "eval.json"
     assert main(["eval", "--config", str(cfg), "--dataset", "synthetic", "--limit", "2", "--modes", "lr,ar",

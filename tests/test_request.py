@@ -13,7 +13,6 @@ from lookahead_reasoning.core.request import (
     BY_NAME,
     FIELDS,
     TRITON_INPUTS,
-    Limits,
     RequestError,
     canonical,
     parse_request,
@@ -118,7 +117,7 @@ def test_openai_body_is_derived_from_the_request():
     ({"prompt": " "}, "prompt", "--prompt", "text_input", "prompt"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens", "--max-tokens", "max_tokens", "max_tokens"),
     ({"prompt": "x", "gamma": -1}, "gamma", "--gamma", "gamma", "gamma"),
-    ({"prompt": "x", "gamma": 9}, "gamma", "--gamma", "gamma", "gamma"),  # over the server cap (8)
+    ({"prompt": "x", "gamma": 9}, "gamma", "--gamma", "gamma", "gamma"),  # over the cap (LROptions.max_gamma, 8)
     ({"prompt": "x", "top_p": 1.5}, "top_p", "--top-p", "top_p", "top_p"),
     ({"prompt": "x", "judge": "oracle"}, "judge", "--judge", "judge", "judge"),
     ({"prompt": "x", "async_mode": "yes"}, "async_mode", "--async", "async", "async"),
@@ -131,7 +130,7 @@ def test_openai_body_is_derived_from_the_request():
 ])
 def test_errors_name_the_field_in_each_front(values, field, cli, triton, openai):
     with pytest.raises(RequestError) as info:
-        parse_request(values, LROptions(), Limits(max_gamma=8))
+        parse_request(values, LROptions())
     err = info.value
     assert err.field == field
     for front, name in (("cli", cli), ("triton", triton), ("openai", openai), ("python", field)):
@@ -177,3 +176,29 @@ def test_developer_role_reads_as_system():
     assert [m["role"] for m in req.chat()] == ["system", "user"]
     with pytest.raises(RequestError, match=r"messages\[0\]\.role: must be .*'developer', got 'robot'"):
         parse_request({"messages": [{"role": "robot", "content": "x"}]}, LROptions())
+
+
+def test_one_gamma_cap_is_the_options_max_gamma(tmp_path):
+    """Issue 57: ``LROptions.max_gamma`` (a profile's ``options.max_gamma``) is the one cap on gamma; a request
+    over it is refused naming ``gamma`` and stating the cap. The old top-level ``max_gamma_cap`` still loads."""
+    import yaml
+    from lookahead_reasoning.profiles import Profile, load_profile
+
+    target = {"path": "demo/target"}
+    profile = Profile.model_validate({"name": "t", "target": target, "options": {"max_gamma": 6}})
+    assert parse_request({"prompt": "x", "gamma": 6}, profile.options)[1].gamma == 6
+    with pytest.raises(RequestError) as info:
+        parse_request({"prompt": "x", "gamma": 7}, profile.options)
+    assert info.value.field == "gamma" and "6" in info.value.message
+    assert info.value.for_front("cli").startswith("--gamma:")
+
+    old = Profile.model_validate({"name": "t", "target": target, "options": {"gamma": 2}, "max_gamma_cap": 5})
+    assert (old.options.max_gamma, old.options.gamma) == (5, 2) and "max_gamma_cap" not in Profile.model_fields
+    same = Profile.model_validate({"name": "t", "target": target, "options": {"max_gamma": 5}, "max_gamma_cap": 5})
+    assert same.options.max_gamma == 5
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "target": target, "options": {"gamma": 2}, "max_gamma_cap": 3}))
+    assert load_profile(config=path).options.max_gamma == 3
+    path.write_text(yaml.safe_dump({"name": "t", "target": target, "options": {"max_gamma": 4}, "max_gamma_cap": 3}))
+    with pytest.raises(ValueError, match=r": max_gamma_cap: 3 differs from options.max_gamma 4"):
+        load_profile(config=path)

@@ -102,7 +102,7 @@ class LROptions(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> LROptions:
         if self.gamma > self.max_gamma:
-            raise ValueError(f"gamma: {self.gamma} exceeds max_gamma {self.max_gamma}")
+            raise ValueError(f"gamma: {self.gamma} exceeds the cap of {self.max_gamma} (max_gamma)")
         if self.speculative and self.gamma < 1:
             raise ValueError(f"gamma: must be >= 1 in mode {self.mode} (it drafts gamma steps per cycle; "
                              f"mode ar or sd runs without step speculation)")

@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
@@ -75,9 +75,11 @@ FIELDS: tuple[RequestField, ...] = (
                  'chat messages as JSON: [{"role": "system|user|assistant", "content": "..."}]'),
     RequestField("max_tokens", "INT64", False, "max_tokens", "--max-tokens", "max_tokens", "new-token budget"),
     RequestField("stream", "BOOL", False, "stream", None, "stream", "one response per decided step"),
-    RequestField("temperature", "FP32", False, "temperature", "--temperature", "temperature", "0 = greedy (default); at most 2"),
+    RequestField("temperature", "FP32", False, "temperature", "--temperature", "temperature",
+                 "0 = greedy (default); at most 2"),
     RequestField("top_p", "FP32", False, "top_p", "--top-p", "top_p", "nucleus sampling mass, in (0, 1]"),
-    RequestField("top_k", "INT64", False, "top_k", "--top-k", "top_k", "sample among the k most likely tokens (0: all)"),
+    RequestField("top_k", "INT64", False, "top_k", "--top-k", "top_k",
+                 "sample among the k most likely tokens (0: all)"),
     RequestField("seed", "INT64", False, "seed", "--seed", "seed", "sampling seed (>= 0)"),
     RequestField("stop", "STRING", True, "stop", "--stop", "stop", "user stop string (repeatable)"),
     RequestField("include_stop_str_in_output", "BOOL", False, "include_stop_str_in_output",
@@ -164,8 +166,8 @@ class LRRequest(BaseModel):
         target_spec = None
         if self.sd_method is not None or self.sd_tokens is not None:
             target_spec = defaults.target_spec.model_dump()
-            target_spec.update({k: v for k, v in (("method", self.sd_method), ("num_speculative_tokens", self.sd_tokens))
-                                if v is not None})
+            given = (("method", self.sd_method), ("num_speculative_tokens", self.sd_tokens))
+            target_spec.update({k: v for k, v in given if v is not None})
         return with_overrides(
             defaults, mode=self.mode, gamma=self.gamma, max_tokens=self.max_tokens, width=self.width,
             async_mode=self.async_mode, adaptive_gamma=self.adaptive_gamma,
@@ -175,11 +177,11 @@ class LRRequest(BaseModel):
 
 @dataclass(frozen=True)
 class Limits:
-    """A server's caps on requests (None: no cap): ``max_tokens``, prompt size in UTF-8 bytes, ``gamma``."""
+    """A server's caps on requests (None: no cap): ``max_tokens`` and prompt size in UTF-8 bytes. The cap on
+    ``gamma`` is the options' own (``LROptions.max_gamma``; a profile's ``options.max_gamma``)."""
 
     max_tokens: int | None = None
     max_prompt_bytes: int | None = None
-    max_gamma: int | None = None
 
 
 class RequestError(FieldError):
@@ -233,18 +235,12 @@ def front_error(exc: BaseException, front: Front) -> str:
     return f"{field}: {msg}" if field else msg
 
 
-_OPTION_FIELDS = {"name": "judge", "async_mode": "async_mode", "max_gamma": "gamma"}
-
-
 def _option_field(loc: tuple) -> str:
-    """The request field behind an ``LROptions`` error location (``("sampling", "top_p")`` -> ``top_p``)."""
+    """The request field behind an ``LROptions`` error location (``("sampling", "top_p")`` -> ``top_p``,
+    ``("judge", "name")`` -> ``judge``). A check across fields has no location and names its field in its
+    message (``gamma: 9 exceeds the cap ...``): "" here, and :func:`~.errors.from_validation` reads the message."""
     parts = [str(p) for p in loc if not isinstance(p, int)]
-    for part in reversed(parts):
-        if part in BY_NAME:
-            return part
-        if part in _OPTION_FIELDS:
-            return _OPTION_FIELDS[part]
-    return ".".join(parts)
+    return next((part for part in reversed(parts) if part in BY_NAME), ".".join(parts))
 
 
 def _invalid(exc: ValidationError, options: bool) -> RequestError:
@@ -287,8 +283,6 @@ def parse_request(values: Mapping[str, Any], defaults: LROptions, limits: Limits
             raise RequestError(exc.field, exc.message) from None
     if limits.max_tokens is not None and req.max_tokens is not None and req.max_tokens > limits.max_tokens:
         raise RequestError("max_tokens", f"{req.max_tokens} exceeds the server limit of {limits.max_tokens}")
-    if limits.max_gamma is not None and req.gamma is not None and req.gamma > limits.max_gamma:
-        raise RequestError("gamma", f"{req.gamma} exceeds the cap of {limits.max_gamma} (the profile's max_gamma_cap)")
     try:
         return req, req.options(defaults)
     except ValidationError as exc:
@@ -305,7 +299,7 @@ def openai_body_fields() -> dict[str, tuple[Any, Any]]:
             info = LRRequest.model_fields[f.name]
             # the field's constraints (strictness, 64-bit range) travel in its metadata, not its annotation
             ann = Annotated.__class_getitem__((info.annotation, *info.metadata)) if info.metadata else info.annotation
-            out[f.name] = (Optional[ann], Field(None, alias=f.openai))
+            out[f.name] = (ann | None, Field(None, alias=f.openai))
     return out
 
 
@@ -314,10 +308,10 @@ def add_request_flags(parser, skip: tuple[str, ...] = ()) -> None:
     dtype (``BOOL``: a switch; a list: repeatable) and stored under the canonical name; :func:`parse_request`
     validates the values (:func:`request_values` collects them). They form one help group: an unset flag takes
     the profile's default (``LROptions``; the demo: mode ``lr+sd``, gamma 4, greedy, the ``llm`` judge, 800
-    tokens; gamma at most the profile's ``max_gamma_cap``, 8 by default)."""
+    tokens; gamma at most the profile's ``options.max_gamma``, 8 by default)."""
     parser = parser.add_argument_group(
         "request", "unset flags take the profile's defaults (demo: mode lr+sd, gamma 4, greedy, judge llm, "
-                   "max tokens 800; gamma at most the profile's max_gamma_cap, 8 by default)")
+                   "max tokens 800; gamma at most the profile's options.max_gamma, 8 by default)")
     for f in FIELDS:
         if f.cli is None or f.name in skip:
             continue

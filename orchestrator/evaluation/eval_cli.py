@@ -208,7 +208,7 @@ def cmd_eval(args) -> int:
     order. The JSON gets a ``measurement`` block (see :func:`.runner.measurement_block`); a high load at
     the start is also printed to stderr and put in the markdown."""
     from ..core.lookahead import parse_modes
-    from ..core.request import Limits, parse_request, request_values
+    from ..core.request import parse_request, request_values
     from ..profiles import build_reasoner_for, close_reasoner, load_profile
     from ..reporting import environment
     from .runner import load_average, load_with_spare
@@ -220,16 +220,16 @@ def cmd_eval(args) -> int:
         raise ValueError("--limit: must be > 0")
     gammas = parse_gammas(args.gamma)
     profile = load_profile(args.profile, args.config)
-    cap = profile.max_gamma_cap
+    cap = profile.options.max_gamma  # sweep_options would raise it: a sweep stays within the profile's cap
     if any(g > cap for g in gammas):
-        raise ValueError(f"--gamma: {max(gammas)} exceeds this profile's cap of {cap}")
+        raise ValueError(f"--gamma: {max(gammas)} exceeds this profile's cap of {cap} (options.max_gamma)")
     datasets = [d.strip() for d in args.dataset.split(",") if d.strip()]
     if not datasets:
         raise ValueError("--dataset: no dataset given")
     loaded = {d: load_with_spare(d, args.limit) for d in datasets}
     values = request_values(args, skip=EVAL_SKIP)
     values.update({"mode": modes[0], "gamma": None if len(gammas) > 1 or not gammas else gammas[0]})
-    _, base = parse_request(values, profile.options, Limits(max_gamma=cap), require_input=False)
+    _, base = parse_request(values, profile.options, require_input=False)
     reasoner = build_reasoner_for(profile, base, modes)
     runs = _eval_runs(base, modes, gammas)
     try:

@@ -2,9 +2,9 @@
 
 One catalogue (:data:`FAMILIES`): Prometheus naming (prefix ``lookahead_``, counters end in ``_total``, times in
 ``_seconds``), as vLLM names its ``vllm:`` series. Every labelled series exists from start-up at 0 (all modes,
-sources, roles, error reasons and depths up to the server's ``gamma`` cap), so a rate over a fresh server is
-0, not missing. Rates come from counters; there is no rate gauge: the acceptance rate per depth is
-``rate(lookahead_accepted_steps_total[5m]) / rate(lookahead_drafted_steps_total[5m])`` (README, "Metrics").
+sources, roles, error reasons and depths up to the profile's cap on ``gamma``, ``options.max_gamma``), so a rate
+over a fresh server is 0, not missing. Rates come from counters; there is no rate gauge: the acceptance rate per
+depth is ``rate(lookahead_accepted_steps_total[5m]) / rate(lookahead_drafted_steps_total[5m])`` (README, "Metrics").
 
 Times (histograms, label ``mode``):
 - ``lookahead_time_to_first_token_seconds``: request arrival to the first response carrying text, as the

@@ -128,11 +128,10 @@ class LookaheadReasoningModel:
         self.reasoner = LookaheadReasoner(target, draft, judge, defaults=defaults, judges=p.served_judges(),
                                           sd_methods=p.target_sd_methods())
         self.limits = Limits(max_tokens=int(params.get("max_tokens_limit") or 4096),
-                             max_prompt_bytes=int(params.get("max_prompt_bytes") or 65536),
-                             max_gamma=p.max_gamma_cap)
+                             max_prompt_bytes=int(params.get("max_prompt_bytes") or 65536))
         self.max_concurrency = int(params.get("max_concurrency") or 256)
         self.active = 0
-        self.metrics = ServerMetrics(pb_utils, self.limits.max_gamma or 8)
+        self.metrics = ServerMetrics(pb_utils, p.options.max_gamma)
 
     async def execute(self, requests):
         # Requests run side by side; their BLS calls run in ``self.pool`` (TritonBLSEngine says why not
