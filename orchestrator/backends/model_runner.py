@@ -82,9 +82,9 @@ def choose_dtype(model, device: torch.device, margin: float = 0.9) -> tuple[obje
     counts: one row is every request's latency, four rows a cycle's branch call. Small models are bound by
     per-call overhead, where bf16's conversions cost more than its halved weight traffic saves (the demo trio:
     bf16 2x slower); SmolLM2-135M decodes one row 10% slower in bf16 on this project's CPU though four rows 25%
-    faster, and its greedy GSM8K answers changed in 71 of 100 (benchmarks/RESULTS.md, issue 18), so it stays in
-    float32. Reduced precision is not batch-invariant, so the ``exact`` judge's lossless guarantee holds in
-    float32.
+    faster, and its greedy GSM8K answers changed in 71 of 100 (issue 18,
+    benchmarks/journal.md#2026-12-01-engine-economics), so it stays in float32. Reduced precision is not
+    batch-invariant, so the ``exact`` judge's lossless guarantee holds in float32.
     """
     if device.type == "cuda":
         dt = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"

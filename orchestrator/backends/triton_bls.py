@@ -47,9 +47,9 @@ class DeferredRelease:
     has already dropped the iterator and the responses, that erase releases them last: their output tensors free
     their numpy arrays (and a BYTES tensor's ``bytes`` objects) without the GIL, which corrupts the interpreter's
     heap; the stub then crashes later at a random place (segfaults in ``deserialize_bytes_tensor`` and in
-    ``get_output_tensor_by_name`` under concurrent, cancelled streams; RESULTS.md, "BLS responses freed without the
-    GIL"). Holding them here for much longer than the clean-up takes (it is one message to the server process)
-    makes Python's own release the last one.
+    ``get_output_tensor_by_name`` under concurrent, cancelled streams; "BLS responses freed without the GIL",
+    benchmarks/journal.md#2026-12-06-bls-hold). Holding them here for much longer than the clean-up takes (it is
+    one message to the server process) makes Python's own release the last one.
 
     Args:
         delay_s: seconds an object is held (>= 0).
@@ -102,7 +102,7 @@ HOLD_ENV = "LOOKAHEAD_BLS_HOLD_S"
 
 def hold_seconds(environ: Mapping[str, str] = os.environ) -> float:
     """How long BLS responses are held (:class:`DeferredRelease`): ``$LOOKAHEAD_BLS_HOLD_S`` seconds, default 30
-    (0 reproduces python_backend's crash; see RESULTS.md).
+    (0 reproduces python_backend's crash; see benchmarks/journal.md#2026-12-06-bls-hold).
 
     Raises:
         ValueError: the variable is not a finite number >= 0 (the message names it).

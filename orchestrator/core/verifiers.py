@@ -14,7 +14,8 @@ The semantic verifiers (numeric, embedding, llm) accept normalized matches witho
 judging ones (embedding, llm) then, by default, reject a pair whose arithmetic differs (:func:`same_arithmetic`)
 before the judge sees it: a small judge confuses one-digit differences and swapped operands (the one-run
 candidate judge on 4,000 held-out pairs: precision 0.95 / 0.96 on check / computation steps alone, 1.00 behind
-the guard; RESULTS.md, "The arithmetic guard before the judge"), and the guard costs no judge call.
+the guard; "The arithmetic guard before the judge", benchmarks/journal.md#2026-12-04-arithmetic-guard), and the
+guard costs no judge call.
 """
 
 from __future__ import annotations
