@@ -14,7 +14,14 @@ STAMP := $(VENV)/.installed
 # kernels; where the kernel does not grant AMX tile state (some VMs) they crash at the first llama_decode.
 LLAMACPP_CMAKE_ARGS := -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
-.PHONY: install demo test test-fast clean
+# Two pytest-xdist workers: a file runs whole on one worker, files sharing a session server on the same one
+# (tests/conftest.py SHARED_SERVER_GROUPS). `make test XDIST=` runs in one process.
+XDIST ?= -n 2 --dist loadgroup
+
+.PHONY: help install demo test test-fast lint clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 20
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,16 +38,20 @@ GGUF := engines/demo/gguf/target-f32.gguf engines/demo/gguf/draft-f32.gguf engin
 $(GGUF) &: $(STAMP) build_scripts/export_gguf.py $(wildcard engines/demo/target/* engines/demo/draft/* engines/demo/judge/*)
 	$(BIN)/python build_scripts/export_gguf.py
 
-install: $(STAMP) $(GGUF)
+install: $(STAMP) $(GGUF)  ## build .venv (torch CPU, llama-cpp-python, Triton client, test tools) and the GGUF demo trio
 
-demo: install
+demo: install  ## serve the demo trio through Triton, print answers and speed against `ar` and llama.cpp
 	$(BIN)/python -m lookahead_reasoning.demo
 
-test: install
-	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q
+test: install  ## lint, then the whole test suite (the README's test command; what CI runs)
+	$(BIN)/ruff check .
+	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q $(XDIST)
 
-test-fast: install
-	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q -m "not slow"
+test-fast: install  ## the fast subset (no test marked slow): run it before every commit
+	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q $(XDIST) -m "not slow"
 
-clean:
+lint: install  ## ruff (rules and line length in pyproject.toml)
+	$(BIN)/ruff check .
+
+clean:  ## remove .venv
 	rm -rf $(VENV)

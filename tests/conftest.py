@@ -6,6 +6,7 @@ here on a small corpus (seeded; built once per session). ``demo_dir``: the commi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -18,6 +19,43 @@ DEMO = REPO / "engines" / "demo"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# torch.compile only where a test is about it (``compile_enabled``): the demo profile compiles its draft at start-up
+# (12-40 s on 2 cores), which every other test, server and CLI run would pay for nothing. Read by torch at import
+# (torch._dynamo.config.disable) and inherited by every child process (Triton's stubs, the CLI).
+os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+
+
+@contextlib.contextmanager
+def compile_enabled():
+    """torch.compile on again, in this process (``torch._dynamo.config.disable``) and for child processes started
+    inside the block (``TORCH_COMPILE_DISABLE`` removed from the environment)."""
+    import torch
+
+    saved = os.environ.pop("TORCH_COMPILE_DISABLE", None)
+    try:
+        with torch._dynamo.config.patch(disable=False):
+            yield
+    finally:
+        if saved is not None:
+            os.environ["TORCH_COMPILE_DISABLE"] = saved
+
+
+#: Session servers shared by several files: under pytest-xdist (``make test``: two workers, ``--dist loadgroup``) the
+#: files that use one run on the same worker, so that no server starts twice.
+SHARED_SERVER_GROUPS = {"triton_server": "demo-server", "openai_front": "demo-server",
+                        "tiny_server": "tiny-server", "tiny_openai": "tiny-server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test file runs whole on one xdist worker (its module fixtures built once), the files sharing a session
+    server (``SHARED_SERVER_GROUPS``) on one worker together. Without xdist the mark does nothing."""
+    group_of_file: dict[Path, str] = {}
+    for item in items:
+        shared = next((g for f, g in SHARED_SERVER_GROUPS.items() if f in item.fixturenames), None)
+        if shared or item.path not in group_of_file:
+            group_of_file[item.path] = shared or group_of_file.get(item.path) or item.path.name
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group_of_file[item.path]))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -174,7 +212,7 @@ def gsm8k_path() -> Path:
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory):
     """A real Triton server with the demo trio (127.0.0.1, free ports; the draft compiled at start-up, as the demo
-    profile says), shared by the session's tests."""
+    profile says: the suite's one compiled server), shared by the session's tests."""
     from lookahead_reasoning.serving.server import ServerConfig, TritonServer, prepare_repository
 
     repo = prepare_repository("demo", None, str(tmp_path_factory.mktemp("repo")),
@@ -183,7 +221,8 @@ def triton_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "triton.log"
     server = TritonServer(ServerConfig(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()),
                           log_path=log)
-    server.start()
+    with compile_enabled():
+        server.start()
     yield server
     server.stop()
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compile_enabled
 from lookahead_reasoning.core.judge_prompt import build_judge_ids, verdict_token_ids
 from lookahead_reasoning.evaluation import synthetic as syn
 
@@ -286,6 +287,11 @@ def test_compiled_layers_train_like_eager_and_leave_an_eager_model(loaded):
     """`train_demo_models.compiled_layers` (torch.compile per decoder layer, used to train target and draft): the
     loss and gradients match eager ones for batches of two lengths (one dynamic graph), and afterwards the layers
     run eager again, so generating with a KV cache works. The first compile takes ~10-20 s on 2 cores."""
+    with compile_enabled():
+        _check_compiled_layers(loaded)
+
+
+def _check_compiled_layers(loaded):
     tdm = build_script("train_demo_models")
     _, tok = loaded["target"]
     model = tdm.make_model(tdm.ModelSpec(32, 2, 1, 1, 64), tok, seed=0).train()
@@ -325,7 +331,8 @@ def test_head_training_learns_only_what_the_target_writes(loaded):
     pad = tok.convert_tokens_to_ids(tdm.PAD)
     mixed = tdm.mixed_voice_rows(tok, 6, seed=3, style=style_of(tok))
     first_labelled = [next(i for i, y in enumerate(labels) if y != -100) for _, labels in mixed]
-    assert any(-100 in labels[i:] for (_, labels), i in zip(mixed, first_labelled, strict=False))  # draft-worded steps inside
+    # draft-worded steps inside
+    assert any(-100 in labels[i:] for (_, labels), i in zip(mixed, first_labelled, strict=False))
     p = syn.generate_problems(1, 5, 2, style_of(tok))[0]
     prompt = chat_ids(tok, p.question)
     plain = tdm.answer_rows([(prompt, tok.encode(p.steps[0], add_special_tokens=False))])
@@ -351,4 +358,5 @@ def test_head_training_learns_only_what_the_target_writes(loaded):
     for (ids, labels), item in zip(mixed, te3.features(model, mixed, (1, 2, 3), pad), strict=False):
         _, nxt, lab = te3.crop(item, 0, len(ids))
         assert nxt[: len(ids) - 2].tolist() == ids[1:-1]
-        assert lab[: len(ids) - 2].tolist() == [y2 if y1 != -100 else -100 for y1, y2 in zip(labels[1:], labels[2:], strict=False)]
+        pairs = zip(labels[1:], labels[2:], strict=False)
+        assert lab[: len(ids) - 2].tolist() == [y2 if y1 != -100 else -100 for y1, y2 in pairs]

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 import torch
-from conftest import BAD_REQUESTS, DEMO, TEXTS, build_tiny_model, cut_at_eos, greedy_reference
-from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
+from conftest import BAD_REQUESTS, DEMO, TEXTS, build_tiny_model, compile_enabled, cut_at_eos, greedy_reference
+from lookahead_reasoning.backends.base import NO_SPEC, GenerationRequest, SamplingParams, SpecDecodeConfig
 from lookahead_reasoning.backends.portable import PortableEngine
 from transformers import AutoModelForCausalLM
 
@@ -38,7 +38,8 @@ def engines(model_dirs):
     target_dir, draft_dir = model_dirs
     # fp32: reduced precision is not batch-invariant, so the equalities below hold in fp32 only.
     draft = PortableEngine.from_pretrained(draft_dir, num_threads=1, dtype="float32")
-    target = PortableEngine.from_pretrained(target_dir, num_threads=1, draft_engine=draft, block_size=4, dtype="float32")
+    target = PortableEngine.from_pretrained(target_dir, num_threads=1, draft_engine=draft, block_size=4,
+                                            dtype="float32")
     nocache = PortableEngine.from_pretrained(target_dir, num_threads=1, prefix_cache=False, dtype="float32")
     yield target, nocache
     for e in (target, nocache, draft):
@@ -51,7 +52,7 @@ def reference(model_dirs):
     return greedy_reference(model_dirs[0])
 
 
-def _reqs(reference, spec=SpecDecodeConfig()):
+def _reqs(reference, spec=NO_SPEC):
     return [GenerationRequest(ids, 24, spec=spec) for ids, _ in reference]
 
 
@@ -118,7 +119,8 @@ def test_prefix_cache_serves_shared_branches(engines):
 
 def test_stop_string_completing_token_stays(engines):
     target, _ = engines
-    ids = target.encode("Given: Mia has 4 boxes.\n\nMia has 4 x 2 = 8 pencils.\n\n")  # a trace prefix: the demo target goes on
+    # a trace prefix: the demo target goes on
+    ids = target.encode("Given: Mia has 4 boxes.\n\nMia has 4 x 2 = 8 pencils.\n\n")
     free = target.generate([GenerationRequest(ids, 40)])[0]
     text = free.text
     # Pick a stop string that occurs in the free continuation, possibly across token boundaries.
@@ -224,22 +226,27 @@ def test_compiled_engine_equals_reference(model_dirs, reference):
     decoding, batched, one by one and with n-gram SD (whose widths and masks take other graphs)."""
     if model_dirs[0] != str(DEMO / "target"):
         pytest.skip("one checkpoint is enough: compiling costs tens of seconds")
-    eng = PortableEngine.from_pretrained(str(DEMO / "draft"), num_threads=1, dtype="float32", compile=True)
     model = AutoModelForCausalLM.from_pretrained(DEMO / "draft").eval()
-    try:
-        want = []
-        for ids, _ in reference:
-            gen = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                                 pad_token_id=eng.tokenizer.pad_token_id)
-            want.append(cut_at_eos(eng, gen[0, len(ids):].tolist()))
-        for spec in (SpecDecodeConfig(), NGRAM):
-            assert [r.token_ids for r in eng.generate(_reqs(reference, spec))] == want
-        assert [eng.generate([r])[0].token_ids for r in _reqs(reference)] == want
-        with pytest.raises(ValueError, match="compile"):
-            PortableEngine.from_pretrained(str(DEMO / "draft"), compile=True, cuda_graphs=True, static_cache=True,
-                                           device="cuda")
-    finally:
-        eng.close()
+    from torch._dynamo.utils import counters
+
+    with compile_enabled():
+        graphs_before = counters["stats"]["unique_graphs"]
+        eng = PortableEngine.from_pretrained(str(DEMO / "draft"), num_threads=1, dtype="float32", compile=True)
+        try:
+            want = []
+            for ids, _ in reference:
+                gen = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                                     pad_token_id=eng.tokenizer.pad_token_id)
+                want.append(cut_at_eos(eng, gen[0, len(ids):].tolist()))
+            assert counters["stats"]["unique_graphs"] > graphs_before  # dynamo really compiled at start-up
+            for spec in (SpecDecodeConfig(), NGRAM):
+                assert [r.token_ids for r in eng.generate(_reqs(reference, spec))] == want
+            assert [eng.generate([r])[0].token_ids for r in _reqs(reference)] == want
+            with pytest.raises(ValueError, match="compile"):
+                PortableEngine.from_pretrained(str(DEMO / "draft"), compile=True, cuda_graphs=True,
+                                               static_cache=True, device="cuda")
+        finally:
+            eng.close()
 
 
 GPU_FIELDS = {"device", "num_threads", "static_cache", "cuda_graphs", "graph_batch_sizes", "graph_widths", "compile"}

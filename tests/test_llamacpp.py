@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 import pytest
-from lookahead_reasoning.backends.base import GenerationRequest, SamplingParams, SpecDecodeConfig
+from lookahead_reasoning.backends.base import NO_SPEC, GenerationRequest, SamplingParams, SpecDecodeConfig
 
 if os.environ.get("LOOKAHEAD_REQUIRE_LLAMACPP") == "1":
     import llama_cpp  # noqa: F401 - make test installs it: missing is a failure
@@ -109,7 +109,7 @@ def check_equivalent(outputs: list[list[int]], reference, eos=frozenset(), min_f
     assert compared >= min_fraction * sum(len(r) for r, _ in reference), f"only {compared} positions compared"
 
 
-def _reqs(prompts, spec=SpecDecodeConfig(), **kw):
+def _reqs(prompts, spec=NO_SPEC, **kw):
     return [GenerationRequest(p, NEW, spec=spec, **kw) for p in prompts]
 
 
@@ -125,7 +125,8 @@ def test_batched_matches_plain_llama_cpp(engine, prompts, reference):
     check_equivalent([r.token_ids for r in res], reference, engine.eos_token_ids)
     # the prompts' common part (the chat template's system turn) is prefilled once, the rest once per prompt
     common = len(os.path.commonprefix([tuple(p[:-1]) for p in prompts]))
-    assert sum(r.counters.prefill_tokens_computed for r in res) == sum(len(p) for p in prompts) - (len(prompts) - 1) * common
+    computed = sum(r.counters.prefill_tokens_computed for r in res)
+    assert computed == sum(len(p) for p in prompts) - (len(prompts) - 1) * common
     assert common > 0 and sum(r.counters.prefill_tokens_cached for r in res) == (len(prompts) - 1) * common
 
 

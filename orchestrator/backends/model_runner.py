@@ -139,8 +139,10 @@ class ModelRunner:
             register()
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(config.model, dtype=load_dtype, attn_implementation=attn)
-        elif (config.attn_implementation != "auto" or attn == "grouped_sdpa") and model.config._attn_implementation != attn:
-            model.set_attn_implementation(attn)  # in place; with auto and no static cache the caller's model keeps its own
+        elif ((config.attn_implementation != "auto" or attn == "grouped_sdpa")
+              and model.config._attn_implementation != attn):
+            # in place; with auto and no static cache the caller's model keeps its own
+            model.set_attn_implementation(attn)
         model = model.to(self.device).eval()
         self.dtype_choice = DtypeChoice(config.dtype, "configured") if config.dtype != "auto" else None
         if self.dtype_choice is None:
@@ -178,7 +180,8 @@ class ModelRunner:
             states = out.hidden_states
             return out.logits, torch.cat([states[i] for i in self.feature_layers], dim=-1)
 
-        self._decode_hidden = torch.compile(logits_and_features, dynamic=True) if config.compile else logits_and_features
+        self._decode_hidden = (torch.compile(logits_and_features, dynamic=True) if config.compile
+                               else logits_and_features)
 
     def new_cache(self) -> BatchKVCache:
         """An empty dynamic cache (a group being admitted, a shared prefix being prefilled)."""

@@ -122,7 +122,8 @@ class ExactVerifier:
     name = "exact"
 
     async def verify(self, pairs):
-        return [StepVerdict(t.target_ids == d.target_ids, float(t.target_ids == d.target_ids), "exact") for t, d in pairs]
+        same = [t.target_ids == d.target_ids for t, d in pairs]
+        return [StepVerdict(ok, float(ok), "exact") for ok in same]
 
 
 class NormalizedVerifier:
@@ -244,7 +245,8 @@ class LLMJudgeVerifier(_Semantic):
         for r in results:
             tok = r.token_ids[0] if r.token_ids else -1
             ok = tok == self.aligned_id
-            out.append(StepVerdict(ok, float(ok), "llm" if tok in (self.aligned_id, self.unaligned_id) else "llm-other"))
+            kind = "llm" if tok in (self.aligned_id, self.unaligned_id) else "llm-other"
+            out.append(StepVerdict(ok, float(ok), kind))
         return out
 
 
