@@ -23,6 +23,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # (12-40 s on 2 cores), which every other test, server and CLI run would pay for nothing. Read by torch at import
 # (torch._dynamo.config.disable) and inherited by every child process (Triton's stubs, the CLI).
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+# OpenMP threads (torch's, llama.cpp's) sleep instead of spinning when idle: two xdist workers, Triton stubs and
+# llama.cpp roles share 2 cores, and spinning threads would starve the other processes (with spinning, a Triton test
+# of the smollm2-llamacpp profile took 811 s beside the other worker).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @contextlib.contextmanager
