@@ -207,41 +207,8 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        ver = version("lookahead-reasoning")
-    except PackageNotFoundError:  # a checkout that was not installed
-        ver = "unknown (not installed)"
-    parser = _Parser(prog="lookahead-reasoning", description=(
-        "Lookahead Reasoning: a small draft model proposes whole reasoning steps, the target verifies several in "
-        "one batched call and a judge keeps those that mean the same; token-level speculative decoding runs "
-        "inside every step. Commands: generate (one prompt in-process), eval (accuracy and speed per mode), "
-        "serve (Triton), client, bench (latency under load), build (TensorRT-LLM engines)."))
-    parser.add_argument("--version", action="version", version=f"%(prog)s {ver}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    g = sub.add_parser("generate", help="answer one prompt in-process")
-    _profile_flags(g)
-    add_request_flags(g)
-    g.add_argument("--json", action="store_true",
-                   help="print one JSON object: text, reasoning_content and content (split by the profile's "
-                        "reasoning_parser), mode, metrics")
-    g.set_defaults(func=cmd_generate)
-
-    e = sub.add_parser("eval", help="accuracy and speed per mode on datasets")
-    e.add_argument("--limit", type=int, default=None, help="items per dataset (default: all)")
-    e.add_argument("--modes", default="ar,sd,lr,lr+sd", help="comma-separated modes, run on the same items")
-    e.add_argument("--out", default=None, help="write the JSON report here")
-    e.add_argument("--keep-outputs", action="store_true", help="include every answer in the report")
-    _profile_flags(e)
-    add_request_flags(e, skip=EVAL_SKIP)
-    add_eval_arguments(e)
-    e.set_defaults(func=cmd_eval)
-    register_bench(sub)
-    register_build(sub)
-
+def _register_serve(sub) -> None:
+    """The ``serve`` subcommand: Triton's ports, the OpenAI front, request limits, role-call timeouts, logging."""
     s = sub.add_parser("serve", help="start Triton Inference Server with the profile's models")
     s.add_argument("--profile", default=None, help="built-in profile (default: demo)")
     s.add_argument("--config", default=None, help="profile YAML file")
@@ -278,6 +245,44 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let clients call the draft, target and judge models directly (by default they answer only "
                         "the lookahead_reasoning model's internal calls, which carry a per-server secret)")
     s.set_defaults(func=cmd_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("lookahead-reasoning")
+    except PackageNotFoundError:  # a checkout that was not installed
+        ver = "unknown (not installed)"
+    parser = _Parser(prog="lookahead-reasoning", description=(
+        "Lookahead Reasoning: a small draft model proposes whole reasoning steps, the target verifies several in "
+        "one batched call and a judge keeps those that mean the same; token-level speculative decoding runs "
+        "inside every step. Commands: generate (one prompt in-process), eval (accuracy and speed per mode), "
+        "serve (Triton), client, bench (latency under load), build (TensorRT-LLM engines)."))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {ver}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="answer one prompt in-process")
+    _profile_flags(g)
+    add_request_flags(g)
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object: text, reasoning_content and content (split by the profile's "
+                        "reasoning_parser), mode, metrics")
+    g.set_defaults(func=cmd_generate)
+
+    e = sub.add_parser("eval", help="accuracy and speed per mode on datasets")
+    e.add_argument("--limit", type=int, default=None, help="items per dataset (default: all)")
+    e.add_argument("--modes", default="ar,sd,lr,lr+sd", help="comma-separated modes, run on the same items")
+    e.add_argument("--out", default=None, help="write the JSON report here")
+    e.add_argument("--keep-outputs", action="store_true", help="include every answer in the report")
+    _profile_flags(e)
+    add_request_flags(e, skip=EVAL_SKIP)
+    add_eval_arguments(e)
+    e.set_defaults(func=cmd_eval)
+    register_bench(sub)
+    register_build(sub)
+
+    _register_serve(sub)
 
     c = sub.add_parser("client", help="send one prompt to a running server")
     c.add_argument("--url", default="127.0.0.1:8001", help="HOST:PORT (gRPC port, or HTTP port with --protocol http)")
