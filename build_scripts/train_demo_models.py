@@ -56,16 +56,7 @@ if str(REPO) not in sys.path:  # allow running from a checkout without installin
     sys.path.insert(0, str(REPO))
 
 try:
-    from lookahead_reasoning.core.judge_prompt import (
-        ALIGNED,
-        ASSISTANT_PREFILL,
-        JUDGE_INSTRUCTIONS,
-        UNALIGNED,
-        build_judge_ids,
-        verdict_token_ids,
-    )
-    from lookahead_reasoning.core.verifiers import pre_verdict
-    from lookahead_reasoning.evaluation import synthetic as syn
+    import lookahead_reasoning  # noqa: F401
 except ImportError:  # a checkout without `pip install -e .`: import the package folder under its name
     import importlib.util
 
@@ -74,16 +65,17 @@ except ImportError:  # a checkout without `pip install -e .`: import the package
     _mod = importlib.util.module_from_spec(_spec)
     sys.modules["lookahead_reasoning"] = _mod
     _spec.loader.exec_module(_mod)
-    from lookahead_reasoning.core.judge_prompt import (
-        ALIGNED,
-        ASSISTANT_PREFILL,
-        JUDGE_INSTRUCTIONS,
-        UNALIGNED,
-        build_judge_ids,
-        verdict_token_ids,
-    )
-    from lookahead_reasoning.core.verifiers import pre_verdict
-    from lookahead_reasoning.evaluation import synthetic as syn
+# The package is importable now (installed, or registered above): one set of imports for both cases.
+from lookahead_reasoning.core.judge_prompt import (  # noqa: E402
+    ALIGNED,
+    ASSISTANT_PREFILL,
+    JUDGE_INSTRUCTIONS,
+    UNALIGNED,
+    build_judge_ids,
+    verdict_token_ids,
+)
+from lookahead_reasoning.core.verifiers import pre_verdict  # noqa: E402
+from lookahead_reasoning.evaluation import synthetic as syn  # noqa: E402
 
 GSM8K_TEST = REPO / "data" / "gsm8k" / "test.jsonl"
 GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"
