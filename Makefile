@@ -47,8 +47,9 @@ test: install  ## lint, then the whole test suite (the README's test command; wh
 	$(BIN)/ruff check .
 	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q $(XDIST)
 
-test-fast: install  ## the fast subset (no test marked slow): run it before every commit
-	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q $(XDIST) -m "not slow"
+test-fast: install  ## the fast subset (no test marked slow or server): run it before every commit
+	$(BIN)/ruff check .
+	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q $(XDIST) -m "not slow and not server"
 
 lint: install  ## ruff (rules and line length in pyproject.toml)
 	$(BIN)/ruff check .

@@ -50,9 +50,14 @@ SHARED_SERVER_GROUPS = {"triton_server": "demo-server", "openai_front": "demo-se
                         "tiny_server": "tiny-server", "tiny_openai": "tiny-server"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Each test file runs whole on one xdist worker (its module fixtures built once), the files sharing a session
-    server (``SHARED_SERVER_GROUPS``) on one worker together. Without xdist the mark does nothing."""
+    server (``SHARED_SERVER_GROUPS``) on one worker together. Without xdist the mark does nothing. ``tryfirst``:
+    xdist's worker reads the marks in its own ``pytest_collection_modifyitems`` (it suffixes each node id with its
+    group), so they must be there before it runs. pytest 9.2's structured node ids drop that suffix and with it the
+    groups (pytest-xdist issue 1386): a file's tests would spread over both workers, each starting the file's
+    servers again. pyproject's test extra keeps pytest below 9.2."""
     group_of_file: dict[Path, str] = {}
     for item in items:
         shared = next((g for f, g in SHARED_SERVER_GROUPS.items() if f in item.fixturenames), None)
@@ -380,3 +385,4 @@ def check_sampling_keeps_target_distribution(spec, **engine_kwargs) -> None:
         obs_b.append(n - sum(obs_b))
         exp_b.append(n - sum(exp_b))
     assert chisquare(obs_b, exp_b).pvalue > 1e-3
+

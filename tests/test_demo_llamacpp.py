@@ -130,6 +130,7 @@ def test_model_spec_tokenizer_and_load_errors_name_the_field(tmp_path):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_reports_an_unreadable_gguf_in_one_line(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF not really")

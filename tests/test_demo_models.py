@@ -118,6 +118,7 @@ def greedy(model, tok, prompt: list[int], max_new_tokens: int = 160) -> str:
     return tok.decode(out[0, len(prompt):], skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_target_solves_held_out_problems(loaded):
     from lookahead_reasoning.core.steps import split_reasoning
 
@@ -283,6 +284,7 @@ def test_injected_negatives_keep_their_label_and_reach_the_judge():
     assert all(tdm.reaches_judge(a, b) for a, b, _ in out)
 
 
+@pytest.mark.slow
 def test_compiled_layers_train_like_eager_and_leave_an_eager_model(loaded):
     """`train_demo_models.compiled_layers` (torch.compile per decoder layer, used to train target and draft): the
     loss and gradients match eager ones for batches of two lengths (one dynamic graph), and afterwards the layers

@@ -49,7 +49,7 @@ def tiny4(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny4"), layers=4)
 
 
-@pytest.fixture(scope="module", params=["tiny", "demo"])
+@pytest.fixture(scope="module", params=["tiny", pytest.param("demo", marks=pytest.mark.slow)])
 def setup(request, tiny4, tmp_path_factory):
     """(engine with an EAGLE-3 head [and Medusa heads for the demo target], the same without prefix cache,
     greedy reference continuations)."""
@@ -103,6 +103,7 @@ def test_eagle_medusa_and_plain_rows_share_a_batch(setup):
         assert res.token_ids == cut_at_eos(eng, want)
 
 
+@pytest.mark.slow
 def test_eagle_sampling_keeps_the_target_distribution(tmp_path_factory):
     """The joint distribution of the first 3 sampled tokens over 3,000 seeds, drawn through the demo target's EAGLE-3
     head, against the exact target distribution (top-k 3, temperature 1.5): chi-square goodness of fit."""
@@ -208,6 +209,7 @@ def test_tensorrt_llm_eagle3_spec_dry_run_accepts_the_head(tmp_path_factory, tmp
     assert "drafting.checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_committed_demo_head_beats_an_untrained_head(tmp_path):
     """The committed head was trained: through the engine, on held-out problems, it gets more tokens per target
     forward than a freshly initialised head (``lm_head`` from the target's output head), with the same output."""

@@ -20,7 +20,7 @@ NGRAM = SpecDecodeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup
 DRAFT = SpecDecodeConfig(method="draft_model", num_speculative_tokens=3)
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-llama", "demo"])
+@pytest.fixture(scope="module", params=["tiny", "tiny-llama", pytest.param("demo", marks=pytest.mark.slow)])
 def model_dirs(request, tiny_model_dir, tiny_draft_dir, tmp_path_factory):
     """(target, draft) checkpoints: a random tiny Qwen3 pair, a random tiny Llama pair (SmolLM2's family), and
     the committed demo target and draft."""
@@ -311,6 +311,7 @@ def test_attention_of_a_caller_model():
             eng.close()
 
 
+@pytest.mark.slow
 def test_gpu_bench_script_runs_on_a_tiny_shape(tmp_path):
     """benchmarks/gpu_bench.py (the GPU benchmark, first run on a GPU only when one is lent) on a tiny random
     shape on the CPU: every section produces a number, so the prepared script does not fail for a reason a CPU
@@ -508,6 +509,7 @@ def test_start_requests_without_per_request_results_is_one_call(engines, referen
     assert all(r.finish_reason == "cancelled" for r in stopped)
 
 
+@pytest.mark.slow
 def test_checkpoint_without_tokenizer_is_refused_by_name(tiny_model_dir, tmp_path):
     """Weights and config but no tokenizer files: a clear error at load, not "empty prompt" on every request."""
     import shutil

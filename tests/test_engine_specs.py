@@ -235,6 +235,7 @@ def test_build_cli_registers_and_reports_errors(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_real_fp8_build_of_a_tiny_model(tiny_model_dir, tmp_path):
     """The llmapi build runs for real on CPU: ModelOpt (or the torch fallback) quantizes the tiny Qwen3 to an
     FP8 Hugging Face checkpoint; the options YAML and serve script are written; the dequantized checkpoint runs

@@ -8,6 +8,7 @@ model-control mode with ``judge_timeout_s`` far below the judge's real latency a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -42,7 +43,9 @@ def _run(coro):
 
 
 def _control(server):
-    return httpclient.InferenceServerClient(server.http_url)
+    """Triton's HTTP client for model control, closed after use (``contextlib.closing``): an open keep-alive
+    connection holds tritonserver's exit for its whole 30-s exit timeout."""
+    return contextlib.closing(httpclient.InferenceServerClient(server.http_url))
 
 
 def test_slow_judge_rejects_drafts_and_keeps_target_steps(fault_server):
@@ -56,21 +59,20 @@ def test_slow_judge_rejects_drafts_and_keeps_target_steps(fault_server):
 
 
 def test_unloaded_judge_falls_back(fault_server):
-    ctl = _control(fault_server)
-    ctl.unload_model("judge")
-    try:
-        ar = _run(_client(fault_server).generate(PROMPT, mode="ar", max_tokens=120))
-        res = _run(_client(fault_server).generate(PROMPT, mode="lr", judge="llm", max_tokens=120))
-        # drafts identical to the target's step skip the judge; the others reach the missing judge and fall back
-        assert res.metrics["fallbacks"] >= 1
-        assert res.text == ar.text  # every judged draft rejected, so the target's own steps (greedy) are kept
-    finally:
-        ctl.load_model("judge")
-    assert ctl.is_model_ready("judge")
+    with _control(fault_server) as ctl:
+        ctl.unload_model("judge")
+        try:
+            ar = _run(_client(fault_server).generate(PROMPT, mode="ar", max_tokens=120))
+            res = _run(_client(fault_server).generate(PROMPT, mode="lr", judge="llm", max_tokens=120))
+            # drafts identical to the target's step skip the judge; the others reach the missing judge and fall back
+            assert res.metrics["fallbacks"] >= 1
+            assert res.text == ar.text  # every judged draft rejected, so the target's own steps (greedy) are kept
+        finally:
+            ctl.load_model("judge")
+        assert ctl.is_model_ready("judge")
 
 
 def test_draft_unloaded_mid_run_continues_target_only(fault_server):
-    ctl = _control(fault_server)
     client = _client(fault_server)
     ar = _run(client.generate(PROMPT, mode="ar", max_tokens=240))  # several cycles after the first step
 
@@ -80,13 +82,17 @@ def test_draft_unloaded_mid_run_continues_target_only(fault_server):
             chunks.append(c)
             if len(chunks) == 1:
                 # a client of its own in the worker thread (the HTTP client's greenlets are bound to a thread)
-                await asyncio.to_thread(lambda: _control(fault_server).unload_model("draft"))
+                def unload():
+                    with _control(fault_server) as ctl:
+                        ctl.unload_model("draft")
+                await asyncio.to_thread(unload)
         return chunks
 
     try:
         chunks = _run(go())
     finally:
-        ctl.load_model("draft")
+        with _control(fault_server) as ctl:
+            ctl.load_model("draft")
     final = chunks[-1].metrics
     assert final["draft_failures"] >= 1
     # exact judge + greedy is lossless, so the text equals ar whether a step came from the draft before the fault
@@ -96,13 +102,13 @@ def test_draft_unloaded_mid_run_continues_target_only(fault_server):
 
 
 def test_failing_target_is_a_clear_error(fault_server):
-    ctl = _control(fault_server)
-    ctl.unload_model("target")
-    try:
-        with pytest.raises(ServerError, match="target"):
-            _run(_client(fault_server).generate(PROMPT, mode="lr", max_tokens=16))
-    finally:
-        ctl.load_model("target")
+    with _control(fault_server) as ctl:
+        ctl.unload_model("target")
+        try:
+            with pytest.raises(ServerError, match="target"):
+                _run(_client(fault_server).generate(PROMPT, mode="lr", max_tokens=16))
+        finally:
+            ctl.load_model("target")
     good = _run(_client(fault_server).generate(PROMPT, mode="lr", max_tokens=16))
     assert good.metrics["generated_tokens"] == 16
 
@@ -115,10 +121,11 @@ def _stub_pid(server, role: str) -> int:
 
 def _health_is_truthful(server) -> None:
     """Ready (server and every role model) exactly when a request is served again, within 60 s."""
-    ctl, client = _control(server), _client(server)
+    client = _client(server)
     deadline = time.monotonic() + 60
     while True:
-        ready = ctl.is_server_ready() and all(ctl.is_model_ready(m) for m in ("target", "draft", "judge"))
+        with _control(server) as ctl:
+            ready = ctl.is_server_ready() and all(ctl.is_model_ready(m) for m in ("target", "draft", "judge"))
         try:
             served = _run(client.generate(PROMPT, mode="lr", max_tokens=16)).metrics["generated_tokens"] == 16
         except ServerError:

@@ -113,6 +113,7 @@ def _reqs(prompts, spec=NO_SPEC, **kw):
     return [GenerationRequest(p, NEW, spec=spec, **kw) for p in prompts]
 
 
+@pytest.mark.slow
 def test_alone_matches_plain_llama_cpp(engine, prompts, reference):
     engine.reset_prefix_cache()
     outs = [engine.generate([r])[0].token_ids for r in _reqs(prompts)]
@@ -153,6 +154,7 @@ def test_branches_share_one_prefill(engine, prompts, reference):
         check_equivalent([ref[:j] + r.token_ids], [(ref[: j + 8], margins[: j + 8])], engine.eos_token_ids)
 
 
+@pytest.mark.slow
 def test_ngram_sd_matches_and_accepts(engine, prompts, reference):
     engine.reset_prefix_cache()
     res = engine.generate(_reqs(prompts, spec=NGRAM))
@@ -166,6 +168,7 @@ def test_ngram_sd_matches_and_accepts(engine, prompts, reference):
     assert r.counters.accepted_tokens >= 8 and r.counters.forward_passes < 24
 
 
+@pytest.mark.slow
 def test_stop_strings_eos_and_length(engine, prompts):
     res = engine.generate([GenerationRequest(prompts[0], 200, stop=("\n",)),
                            GenerationRequest(prompts[1], 5),
@@ -186,6 +189,7 @@ def test_sampling_is_seeded(engine, prompts):
     assert a == b and a != c.token_ids
 
 
+@pytest.mark.slow
 def test_cancel_one_request_of_a_group(engine, prompts, reference):
     engine.reset_prefix_cache()
 
@@ -199,6 +203,7 @@ def test_cancel_one_request_of_a_group(engine, prompts, reference):
     check_equivalent([res[0].token_ids, res[2].token_ids], [reference[0], reference[2]], engine.eos_token_ids)
 
 
+@pytest.mark.slow
 def test_small_kv_cache_evicts_cached_sequences(paths, prompts, reference):
     e = LlamaCppEngine(LlamaCppEngineConfig(model=paths[0], tokenizer=paths[1], n_threads=2, kv_cells=256,
                                             max_batch_size=2, cache_slots=4))
@@ -233,6 +238,7 @@ def test_bad_configuration_names_the_field(paths, tmp_path):
         LlamaCppEngine(LlamaCppEngineConfig(model=str(bad), tokenizer=paths[1]))
 
 
+@pytest.mark.slow
 def test_profile_runs_lr_exact_like_ar(questions, reference):
     """Lookahead Reasoning with the exact judge, greedy, on smollm2-llamacpp (llama.cpp target, portable draft): the
     same tokens as plain decoding, under the margin rule; and the draft's steps are really used."""

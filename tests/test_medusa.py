@@ -32,7 +32,7 @@ def random_heads(model_dir, folder, num_heads: int = 3, seed: int = 0):
     return heads.save_pretrained(folder)
 
 
-@pytest.fixture(scope="module", params=["tiny", "demo"])
+@pytest.fixture(scope="module", params=["tiny", pytest.param("demo", marks=pytest.mark.slow)])
 def setup(request, tiny_model_dir, tmp_path_factory):
     """(target dir, engine with heads, engine with heads and no prefix cache, greedy reference continuations)."""
     if request.param == "tiny":
@@ -84,6 +84,7 @@ def test_medusa_and_plain_rows_share_a_batch(setup):
         assert res.token_ids == cut_at_eos(eng, want)
 
 
+@pytest.mark.slow
 def test_medusa_sampling_keeps_the_target_distribution():
     """The joint distribution of the first 3 sampled tokens over 3,000 seeds, drawn through the committed demo heads
     (proposals from the prefill's and each forward's hidden states, speculative rejection sampling), against the
@@ -155,6 +156,7 @@ def test_tensorrt_llm_medusa_spec_dry_run_accepts_the_heads(tiny_model_dir, tmp_
     assert "drafting.num_heads" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_committed_demo_heads_beat_untrained_heads(tmp_path):
     """The committed heads were trained: through the engine, on held-out problems, they get more tokens per target
     forward than untrained heads (every projection = the target's own output head, i.e. the base head's next token

@@ -36,6 +36,8 @@ from lookahead_reasoning.backends.openai_http import OpenAIEngine, OpenAIEngineC
 from lookahead_reasoning.profiles import PROFILES  # noqa: E402
 from lookahead_reasoning.serving.server import free_port  # noqa: E402
 
+pytestmark = pytest.mark.server  # llama_cpp.server, started once for the module
+
 N_CTX = 2048
 NEW = 24
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from conftest import start_server
 from lookahead_reasoning.serving.client import TritonLRClient
+
+pytestmark = pytest.mark.server
 
 MODELS = ("lookahead_reasoning", "target", "draft", "judge")
 
