@@ -15,8 +15,9 @@ STAMP := $(VENV)/.installed
 LLAMACPP_CMAKE_ARGS := -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 # Two pytest-xdist workers: a file runs whole on one worker, files sharing a session server on the same one
-# (tests/conftest.py SHARED_SERVER_GROUPS). `make test XDIST=` runs in one process.
-XDIST ?= -n 2 --dist loadgroup
+# (tests/conftest.py SHARED_SERVER_GROUPS), the longest groups first (RUN_FIRST).
+# `make test XDIST=` runs in one process.
+XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: help install demo test test-fast lint clean
 

@@ -50,14 +50,21 @@ SHARED_SERVER_GROUPS = {"triton_server": "demo-server", "openai_front": "demo-se
                         "tiny_server": "tiny-server", "tiny_openai": "tiny-server"}
 
 
+#: The longest groups, longest first (durations of 2026-12-07 on 2 vCPUs: 560, 280, 240, 210 and 150 s; the rest
+#: under 100 s): with ``--no-loadscope-reorder`` (Makefile) xdist hands groups out in collection order, so these
+#: start first and the two workers finish close together (longest-processing-time-first). xdist's own reorder
+#: sorts by test count and left the 4-test lossless file, the second longest, for last.
+RUN_FIRST = ("tiny-server", "test_lossless_demo.py", "test_llamacpp.py", "demo-server", "test_faults.py")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Each test file runs whole on one xdist worker (its module fixtures built once), the files sharing a session
-    server (``SHARED_SERVER_GROUPS``) on one worker together. Without xdist the mark does nothing. ``tryfirst``:
-    xdist's worker reads the marks in its own ``pytest_collection_modifyitems`` (it suffixes each node id with its
-    group), so they must be there before it runs. pytest 9.2's structured node ids drop that suffix and with it the
-    groups (pytest-xdist issue 1386): a file's tests would spread over both workers, each starting the file's
-    servers again. pyproject's test extra keeps pytest below 9.2."""
+    server (``SHARED_SERVER_GROUPS``) on one worker together, the ``RUN_FIRST`` groups first. Without xdist the
+    mark does nothing. ``tryfirst``: xdist's worker reads the marks in its own ``pytest_collection_modifyitems`` (it
+    suffixes each node id with its group), so they must be there before it runs. pytest 9.2's structured node ids
+    drop that suffix and with it the groups (pytest-xdist issue 1386): a file's tests would spread over both
+    workers, each starting the file's servers again. pyproject's test extra keeps pytest below 9.2."""
     group_of_file: dict[Path, str] = {}
     for item in items:
         shared = next((g for f, g in SHARED_SERVER_GROUPS.items() if f in item.fixturenames), None)
@@ -65,6 +72,8 @@ def pytest_collection_modifyitems(config, items):
             group_of_file[item.path] = shared or group_of_file.get(item.path) or item.path.name
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group_of_file[item.path]))
+    first = {g: i for i, g in enumerate(RUN_FIRST)}
+    items.sort(key=lambda it: first.get(group_of_file[it.path], len(first)))  # stable: the rest keep their order
 
 
 @pytest.hookimpl(wrapper=True)

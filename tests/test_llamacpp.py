@@ -265,7 +265,7 @@ def test_profile_runs_lr_exact_like_ar(questions, reference):
 @pytest.mark.slow
 @pytest.mark.server
 def test_triton_serves_the_llamacpp_profile_like_in_process(tmp_path_factory, questions):
-    """4 GSM8K questions through a real Triton server with the smollm2-llamacpp profile (role models on llama.cpp)
+    """2 GSM8K questions through a real Triton server with the smollm2-llamacpp profile (role models on llama.cpp)
     equal the in-process reasoner's answers, in `ar` and in `lr` (requests one at a time on both sides, so each
     llama_decode holds the same tokens and batch variance cannot differ)."""
     from conftest import start_server
@@ -273,7 +273,7 @@ def test_triton_serves_the_llamacpp_profile_like_in_process(tmp_path_factory, qu
     from lookahead_reasoning.profiles import build_reasoner, close_reasoner
     from lookahead_reasoning.serving.client import TritonLRClient
 
-    qs = [it.prompt for it in load_items(str(GSM8K_SAMPLE), 4)]
+    qs = [it.prompt for it in load_items(str(GSM8K_SAMPLE), 2)]
     server = start_server(tmp_path_factory, None, profile="smollm2-llamacpp")
     try:
         client = TritonLRClient(server.grpc_url, "grpc", timeout_s=300)

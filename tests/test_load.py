@@ -130,14 +130,14 @@ def test_cancelling_half_frees_engine_state(tiny_server):
 
 def test_rounds_of_cancelled_streams_keep_the_orchestrator_stub_alive(tiny_server):
     """Rounds of 12 concurrent streams (``lr+sd``, ``lr`` and ``sd``; half of them cancelled after their first
-    chunk) for ``LOOKAHEAD_STRESS_S`` seconds (default 90): no stub may crash and every stream must end. Without
+    chunk) for ``LOOKAHEAD_STRESS_S`` seconds (default 45): no stub may crash and every stream must end. Without
     ``triton_bls.DeferredRelease`` (``LOOKAHEAD_BLS_HOLD_S=0``) the orchestrator's stub crashed in 2 of 3 runs of
     these rounds, after 5 and 85 rounds ("BLS responses freed without the GIL",
     benchmarks/journal.md#2026-12-06-bls-hold), so the default catches it only sometimes; a longer
     ``LOOKAHEAD_STRESS_S`` hunts for it."""
     client = TritonLRClient(tiny_server.grpc_url, "grpc")
     log = tiny_server.log_path
-    end = time.monotonic() + float(os.environ.get("LOOKAHEAD_STRESS_S", "90"))
+    end = time.monotonic() + float(os.environ.get("LOOKAHEAD_STRESS_S", "45"))
     modes = ["lr+sd", "lr", "sd", "lr+sd"]
 
     async def run_one(p, cancel: bool, mode: str):

@@ -1,5 +1,5 @@
 """The lossless property on the demo trio: with the ``exact`` verifier and greedy sampling, ``lr`` and ``lr+sd``
-(sync and async) reproduce ``ar`` token for token on 20 held-out generated problems. Each mode answers the 20
+(sync and async) reproduce ``ar`` token for token on 10 held-out generated problems. Each mode answers the 10
 problems concurrently (the engines batch them in flight, as a server does): the property must hold whatever rows
 share a batch."""
 
@@ -14,7 +14,7 @@ from lookahead_reasoning.evaluation.answers import load_items
 from lookahead_reasoning.profiles import build_reasoner, close_reasoner, load_profile
 
 pytestmark = pytest.mark.slow
-N = 20
+N = 10
 
 
 @pytest.fixture(scope="module")
