@@ -15,7 +15,7 @@ import time
 
 import pytest
 import tritonclient.http as httpclient
-from conftest import scrape, start_server
+from conftest import STOP_GRACE_S, scrape, start_server
 from lookahead_reasoning.backends.triton_bls import role_stub_pids
 from lookahead_reasoning.evaluation.synthetic import EVAL_SEED, generate_problems
 from lookahead_reasoning.serving.client import ServerError, TritonLRClient
@@ -30,7 +30,7 @@ def fault_server(tmp_path_factory):
     server = start_server(tmp_path_factory, None, control="explicit", profile="demo", judge_timeout_s="0.0002",
                           max_concurrency="2")
     yield server
-    server.stop()
+    server.stop(STOP_GRACE_S)
 
 
 def _client(server):
