@@ -44,12 +44,10 @@ install: $(STAMP) $(GGUF)  ## build .venv (torch CPU, llama-cpp-python, Triton c
 demo: install  ## serve the demo trio through Triton, print answers and speed against `ar` and llama.cpp
 	$(BIN)/python -m lookahead_reasoning.demo
 
-test: install  ## lint, then the whole test suite (the README's test command; what CI runs)
-	$(BIN)/ruff check .
+test: lint  ## lint, then the whole test suite (the README's test command; what CI runs)
 	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q $(XDIST)
 
-test-fast: install  ## the fast subset (no test marked slow or server): run it before every commit
-	$(BIN)/ruff check .
+test-fast: lint  ## lint, then the fast subset (no test marked slow or server): run it before every commit
 	LOOKAHEAD_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q $(XDIST) -m "not slow and not server"
 
 lint: install  ## ruff (rules and line length in pyproject.toml)

@@ -253,7 +253,6 @@ def triton_server(tmp_path_factory):
     server.stop(STOP_GRACE_S)
 
 
-
 def _front(server):
     """The OpenAI-compatible front on a free loopback port, forwarding to ``server``; yields HOST:PORT."""
     from lookahead_reasoning.serving.openai_front import start_front
@@ -403,4 +402,3 @@ def check_sampling_keeps_target_distribution(spec, **engine_kwargs) -> None:
         obs_b.append(n - sum(obs_b))
         exp_b.append(n - sum(exp_b))
     assert chisquare(obs_b, exp_b).pvalue > 1e-3
-

@@ -123,17 +123,17 @@ def _health_is_truthful(server) -> None:
     """Ready (server and every role model) exactly when a request is served again, within 60 s."""
     client = _client(server)
     deadline = time.monotonic() + 60
-    while True:
-        with _control(server) as ctl:
+    with _control(server) as ctl:
+        while True:
             ready = ctl.is_server_ready() and all(ctl.is_model_ready(m) for m in ("target", "draft", "judge"))
-        try:
-            served = _run(client.generate(PROMPT, mode="lr", max_tokens=16)).metrics["generated_tokens"] == 16
-        except ServerError:
-            served = False
-        if ready == served and (served or time.monotonic() > deadline):
-            return
-        assert time.monotonic() < deadline, f"health says ready={ready}, a request served={served}"
-        time.sleep(1)
+            try:
+                served = _run(client.generate(PROMPT, mode="lr", max_tokens=16)).metrics["generated_tokens"] == 16
+            except ServerError:
+                served = False
+            if ready == served and (served or time.monotonic() > deadline):
+                return
+            assert time.monotonic() < deadline, f"health says ready={ready}, a request served={served}"
+            time.sleep(1)
 
 
 def _kill_after_first_chunk(server, role: str, mode: str, judge: str = "exact", max_tokens: int = 500):
