@@ -232,6 +232,13 @@ def test_forward_cost_interpolates_and_extrapolates():
     assert CostModel(0.01, None).forward_cost(40) == 1.0  # nothing measured: a forward costs one decode forward
 
 
+def test_forward_cost_never_extrapolates_downwards():
+    """Noisy points that fall at the end (a busy machine) are held beyond the last one, not extended below zero."""
+    noisy = CostModel(0.01, None, width={2: 1.3, 4: 1.1})
+    assert noisy.forward_cost(3) == pytest.approx(1.2)
+    assert noisy.forward_cost(234) == pytest.approx(1.1)
+
+
 def test_call_forward_cost_uses_the_joint_rows_by_width_points():
     sep = CostModel(0.01, None, b={3: 1.5}, width={3: 1.2, 7: 2.0})
     assert sep.call_forward_cost(3, 3) == pytest.approx(1.5 * 1.2)  # nothing joint measured: b(r) * v(w)

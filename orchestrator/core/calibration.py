@@ -99,7 +99,9 @@ class CostModel:
 
 
 def _interpolate(points: dict, x: float, start: tuple[float, float] = (1, 1.0)) -> float:
-    """Piecewise-linear through ``{start[0]: start[1], **points}``, extrapolated from the last two points."""
+    """Piecewise-linear through ``{start[0]: start[1], **points}``, extrapolated from the last two points and never
+    downwards: a cost measured lower at the last point than at the one before is timing noise (a busy machine), and
+    extended linearly it would reach zero or below far out (a 234-token prefill made a cycle's cost negative)."""
     pts = sorted({start[0]: start[1], **points}.items())
     if x <= pts[0][0] or len(pts) == 1:
         return pts[0][1]
@@ -107,7 +109,7 @@ def _interpolate(points: dict, x: float, start: tuple[float, float] = (1, 1.0)) 
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     (x0, y0), (x1, y1) = pts[-2], pts[-1]
-    return y1 + (y1 - y0) * (x - x1) / max(x1 - x0, 1)
+    return y1 + max(y1 - y0, 0.0) * (x - x1) / max(x1 - x0, 1)
 
 
 def _step_seconds(engine: Engine, prompts: list[list[int]], new_tokens: int, repeats: int) -> float:
