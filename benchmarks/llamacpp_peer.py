@@ -59,6 +59,9 @@ OURS = {
     "llamacpp lr": ("demo-llamacpp", "lr", {}),
     "llamacpp lr+sd": ("demo-llamacpp", "lr+sd", {}),
     "llamacpp lr+sd adaptive": ("demo-llamacpp", "lr+sd", {"adaptive_gamma": True}),
+    "portable lr+sd, branches unpredicted": ("demo", "lr+sd", {"predict_branches": False}),
+    "llamacpp lr, branches unpredicted": ("demo-llamacpp", "lr", {"predict_branches": False}),
+    "llamacpp lr+sd, branches unpredicted": ("demo-llamacpp", "lr+sd", {"predict_branches": False}),
 }
 
 
@@ -132,7 +135,7 @@ class LlamaCppPlain:
         self.llm = Llama(str(prof.target.located_path()), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
                          verbose=False)
         self.s = _sampling(args, prof)
-        self.max_tokens = prof.options.max_tokens
+        self.max_tokens = prof.options.token_budget
         self.threads = {"target": threads}
 
     def run(self, item) -> dict:
@@ -185,7 +188,7 @@ class LlamaServer:
                 raise RuntimeError(f"llama-server {spec!r} not ready in 120 s")
             time.sleep(0.3)
         self.s = _sampling(args, prof)
-        self.max_tokens = prof.options.max_tokens
+        self.max_tokens = prof.options.token_budget
         self.threads = {"target": threads} | ({"draft": 1} if "DRAFT" in SERVER_SPECS[spec] else {})
         self.cmd = cmd
 

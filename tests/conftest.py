@@ -226,6 +226,7 @@ BAD_REQUESTS = [
     ({"max_new_tokens": -3}, "max_new_tokens"),
     ({"max_new_tokens": 10**6}, "max_new_tokens"),
     ({"stop": ("",)}, "stop"),
+    ({"prediction": (10**6,)}, "prediction"),
 ]
 
 

@@ -556,3 +556,30 @@ def test_user_text_cannot_forge_control_tokens():
             assert engine.apply_chat_template(msgs) == list(whole)
     finally:
         engine.close()
+
+
+def test_prediction_keeps_the_output_and_saves_forwards(engines, reference):
+    """``GenerationRequest.prediction`` (a Lookahead Reasoning branch predicts its drafted step): a right prediction
+    is verified in one forward, a wrong one (here from token 12 on) costs the forwards after its first wrong token;
+    the output is the plain greedy output either way, with or without n-gram SD after the prediction."""
+    target, _ = engines
+    for spec in (NO_SPEC, NGRAM):
+        for i, (ids, ref) in enumerate(reference):
+            want = cut_at_eos(target, ref)
+            plain = target.generate([GenerationRequest(ids, 24, spec=spec)])[0]
+            wrong = list(ref[:12]) + [(t + 1) % target.vocab_size for t in ref[12:20]]
+            res = target.generate([GenerationRequest(ids, 24, spec=spec, prediction=ref[:20]),
+                                   GenerationRequest(ids, 24, spec=spec, prediction=wrong)])
+            assert [r.token_ids for r in res] == [want, want], (spec.method, i)
+            assert res[0].counters.forward_passes < plain.counters.forward_passes
+            assert res[0].counters.accepted_tokens >= min(20, len(want) - 1)
+
+
+def test_sampled_prediction_is_seeded(engines, reference):
+    """Sampled rows verify a prediction by speculative rejection sampling with one-hot ``q``: seeded runs repeat."""
+    target, _ = engines
+    params = SamplingParams(temperature=1.0, seed=5)
+    reqs = [GenerationRequest(ids, 16, sampling=params, prediction=ref[:10]) for ids, ref in reference]
+    a, b = target.generate(reqs), target.generate(reqs)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert all(0 < r.counters.drafted_tokens and r.counters.accepted_tokens <= r.counters.drafted_tokens for r in a)

@@ -78,15 +78,18 @@ _spec = st.one_of(st.just(SpecDecodeConfig()), st.just(SpecDecodeConfig(method="
 
 @given(prompts=st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=12), min_size=1, max_size=4),
        sampling=st.lists(_sampling, min_size=4, max_size=4), spec=_spec,
-       stop=st.lists(st.text(min_size=1, max_size=4), max_size=2), max_new=st.integers(1, 100))
-def test_role_model_tensors_round_trip(prompts, sampling, spec, stop, max_new):
+       stop=st.lists(st.text(min_size=1, max_size=4), max_size=2), max_new=st.integers(1, 100),
+       predictions=st.lists(st.lists(st.integers(0, 1000), max_size=6), min_size=4, max_size=4))
+def test_role_model_tensors_round_trip(prompts, sampling, spec, stop, max_new, predictions):
     """What the BLS caller sends (defaults omitted) decodes to the same engine requests in the role model."""
-    reqs = [GenerationRequest(tuple(p), max_new, tuple(stop), sampling[i], spec) for i, p in enumerate(prompts)]
+    reqs = [GenerationRequest(tuple(p), max_new, tuple(stop), sampling[i], spec, prediction=predictions[i])
+            for i, p in enumerate(prompts)]
     arrays = requests_to_arrays(reqs)
     back = arrays_to_requests(arrays.get)
-    assert [(tuple(r.prompt_ids), r.max_new_tokens, r.stop, r.sampling, r.spec) for r in back] == \
-        [(tuple(r.prompt_ids), r.max_new_tokens, r.stop, r.sampling, r.spec) for r in reqs]
-    if all(s == SamplingParams() for s in sampling[: len(prompts)]) and spec == SpecDecodeConfig():
+    assert [(tuple(r.prompt_ids), r.max_new_tokens, r.stop, r.sampling, r.spec, r.prediction) for r in back] == \
+        [(tuple(r.prompt_ids), r.max_new_tokens, r.stop, r.sampling, r.spec, r.prediction) for r in reqs]
+    if all(s == SamplingParams() for s in sampling[: len(prompts)]) and spec == SpecDecodeConfig() \
+            and not any(predictions[: len(prompts)]):
         assert set(arrays) <= {"input_ids", "input_lengths", "max_tokens", "stop"}  # greedy calls stay small
 
 

@@ -65,7 +65,7 @@ def test_committed_role_configs_are_derived_from_the_role_tensor_table(role):
     sampled = SamplingParams(temperature=0.5, seed=3)
     spec = SpecDecodeConfig(method="ngram", num_speculative_tokens=2)
     every = requests_to_arrays([GenerationRequest((1, 2), 4, ("x",), sampled, spec, stop_count=2,
-                                                  max_tokens_per_stop=3)])
+                                                  max_tokens_per_stop=3, prediction=(5, 6))])
     assert set(every) == {t.name for t in ROLE_INPUTS} - {"text_input"}  # every input (text_input: ids instead)
     out = results_to_arrays([GenerationResult([7], "a", "stop")])
     for arrays, table in ((every, ROLE_INPUTS), (out, ROLE_OUTPUTS)):

@@ -109,6 +109,13 @@ class GenerationRequest:
             ``GenerationResult.stop_offsets``. Backends that cannot do it reject values above 1.
         max_tokens_per_stop: with ``stop_count``, finish (``length``) when this many tokens follow the last
             completed stop string without another (a step's ``max_step_tokens``); None: no such cap.
+        prediction: token ids the continuation is expected to start with (OpenAI's "Predicted Outputs", a
+            ``prediction`` of known content): the in-process engines propose them as token-level SD proposals
+            before any ``spec`` method, and after a token the model words differently, the prediction's text that
+            follows where the output rejoins it (prompt lookup within the prediction). The output is
+            what it would be without them (greedy: identical; sampled: target-distributed, speculative rejection
+            sampling with one-hot ``q``); only the number of forwards changes. A Lookahead Reasoning branch
+            predicts the drafted step at its depth. Backends that cannot use it ignore it.
     """
 
     prompt_ids: tuple[int, ...]
@@ -119,11 +126,13 @@ class GenerationRequest:
     request_id: str | None = None
     stop_count: int = 1
     max_tokens_per_stop: int | None = None
+    prediction: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalise lists to tuples so requests are hashable and immutable.
         object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "prediction", tuple(int(t) for t in self.prediction))
 
 
 @dataclass
@@ -414,9 +423,10 @@ def validate_request(req: GenerationRequest, vocab_size: int, context_length: in
         raise ValueError(f"request: expected GenerationRequest, got {type(req).__name__}")
     if len(req.prompt_ids) == 0:
         raise ValueError("prompt_ids: empty prompt")
-    bad = [t for t in req.prompt_ids if t < 0 or t >= vocab_size]
-    if bad:
-        raise ValueError(f"prompt_ids: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+    for name in ("prompt_ids", "prediction"):
+        bad = [t for t in getattr(req, name) if t < 0 or t >= vocab_size]
+        if bad:
+            raise ValueError(f"{name}: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
     if req.max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens: must be > 0, got {req.max_new_tokens}")
     if len(req.prompt_ids) + req.max_new_tokens > context_length:

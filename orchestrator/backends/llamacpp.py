@@ -13,6 +13,13 @@ with the portable engine: request groups, in-flight batching, cancellation, SD v
   branches: branch j is the context plus drafts 0..j-1) have it prefilled once, in the longest one's sequence.
   Finished requests keep their KV in spare sequence ids (``cache_slots``, least recently used evicted), so the
   next cycle's context is not prefilled again.
+- **Predictions verified in the prefill.** A cycle's branch ``j`` predicts draft ``j``
+  (``GenerationRequest.prediction``), which is exactly the text the longest branch's prompt holds after branch
+  ``j``'s prompt: one ``llama_decode`` of the longest prompt's uncached part returns the logits that verify every
+  branch's prediction, so a branch whose step the target writes as drafted is done in that call
+  (:meth:`LlamaCppEngine._admit_predicted`). Before, the drafted text was prefilled, then fed again as each
+  branch's first proposals: the cycle's target call cost 3.56 `ar` steps, with this 2.54 (12 demo problems,
+  benchmarks/journal.md#2026-12-08-predicted-branches).
 - **Sampling in torch.** llama.cpp returns the logits of each fed position (``llama_get_logits``); greedy picks
   the argmax, sampling runs transformers' ``TemperatureLogitsWarper`` -> ``TopKLogitsWarper`` ->
   ``TopPLogitsWarper`` with a per-request seeded ``torch.Generator``, exactly as the portable engine does
@@ -225,16 +232,16 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         return best
 
     # -- llama_decode ------------------------------------------------------------------------------------
-    def _decode(self, tokens, pos, seqs, logits: bool) -> np.ndarray | None:
+    def _decode(self, tokens, pos, seqs, logits: bool, logits_from: int = 0) -> np.ndarray | None:
         """``llama_decode`` of (token, position, sequence id) triples, in chunks of ``n_batch``.
 
         Args:
             tokens, pos, seqs: equal-length int sequences (lists or arrays).
-            logits: whether to return the logits of every position.
+            logits: whether to return logits, for the triples from index ``logits_from`` on.
         Returns:
-            ``[n, vocab]`` float32 logits when ``logits`` (a view of llama.cpp's buffer when one call sufficed:
-            valid until the next ``llama_decode``), else None. A full KV cache evicts cached sequences (least
-            recently used first) and retries.
+            ``[n - logits_from, vocab]`` float32 logits when ``logits`` (a view of llama.cpp's buffer when one call
+            sufficed: valid until the next ``llama_decode``), else None. A full KV cache evicts cached sequences
+            (least recently used first) and retries.
 
         Raises:
             RuntimeError: llama_decode failed, or the KV cache is full with nothing left to evict (naming
@@ -248,7 +255,10 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             self._batch.n_tokens = n
             self._b_token[:n] = tokens[a:a + n]
             self._b_pos[:n] = pos[a:a + n]
-            self._b_logits[:n] = 1 if logits else 0
+            self._b_logits[:n] = 0
+            if logits:
+                self._b_logits[max(0, logits_from - a):n] = 1
+            n_out = n - max(0, min(n, logits_from - a)) if logits else 0
             for i in range(n):
                 seq_id[i][0] = seqs[a + i]
             t0 = time.perf_counter()
@@ -262,8 +272,8 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed (return code {rc})")
             self.stats.forward_passes += 1
-            if logits:  # the buffer is reused by the next call: copy all but the last chunk's
-                view = self._logits_view(n)
+            if n_out:  # the buffer is reused by the next call: copy all but the last chunk's
+                view = self._logits_view(n_out)
                 out.append(view if a + n >= len(tokens) else view.copy())
             elif self.record_steps:
                 self.prefill_seconds.append((1, n, time.perf_counter() - t0))
@@ -289,6 +299,9 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         new.sort(key=lambda s: s.n_prompt)
         for s in new:  # running + new <= max_batch_size and cached <= cache_slots: never evicts
             s.kv_seq = self._take_slot()
+        new = self._admit_predicted(new)
+        if not new:
+            return
         prefixes = [np.asarray(s.tokens[:-1], dtype=np.int64) for s in new]
         have = [0] * len(new)
         extra: list[tuple[int, np.ndarray]] = []
@@ -314,6 +327,56 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             jobs.append((s.kv_seq, p, n))
         self._prefill(jobs)
         self._running.extend(new)
+
+    def _admit_predicted(self, new: list[Seq]) -> list[Seq]:
+        """Prefill and first step in ONE ``llama_decode`` for the new rows whose prompt and prediction lie on the
+        longest prompt plus its prediction (a Lookahead Reasoning cycle: branch ``j`` is the context plus drafts
+        ``0..j-1`` and predicts draft ``j``, so the longest branch's prompt holds every other branch's prompt and
+        prediction). That ``host`` row feeds its uncached prompt and its prediction; the logits of the fed
+        positions verify every such row's prediction at once (:meth:`~.scheduler.BatchScheduler._commit_flat`,
+        as a decoding step would), each row copies the host's KV up to what it kept (``llama_memory_seq_cp``), and
+        the drafted text is computed once instead of once in the prefill and again in each branch's first step.
+
+        Returns:
+            the rows left for the ordinary admission (none of them is the host then: it is running).
+        """
+        host = new[-1]
+        room = min(host.req.max_new_tokens - 1, self._context - len(host.tokens) - 1)
+        feed = host.tokens + self._predicted(host, room)
+        rows = []
+        for s in new[:-1]:
+            m = len(s.tokens)
+            pred = self._predicted(s, min(s.req.max_new_tokens - 1, self._context - m - 1))
+            k = 0
+            while k < len(pred) and m + k < len(feed) and pred[k] == feed[m + k]:
+                k += 1
+            if k and feed[:m] == s.tokens:
+                rows.append((s, pred[:k]))
+        if not rows and len(feed) == len(host.tokens):
+            return new
+        rows.append((host, feed[len(host.tokens):]))
+        lo = min(len(s.tokens) for s, _ in rows) - 1  # the first fed position whose logits a row needs
+        cached = min(self._fill_from_holders(host.kv_seq, np.asarray(host.tokens[:-1], dtype=np.int64), 0), lo)
+        self._L.llama_memory_seq_rm(self._mem, host.kv_seq, cached, -1)
+        n_host = len(host.tokens)
+        host.counters.prefill_tokens_cached += cached
+        host.counters.prefill_tokens_computed += n_host - cached
+        logits = self._decode(feed[cached:], range(cached, len(feed)), [host.kv_seq] * (len(feed) - cached),
+                              logits=True, logits_from=lo - cached)
+        seqs = [s for s, _ in rows]
+        self._running.extend(seqs)
+        take = np.concatenate([np.arange(len(s.tokens) - 1, len(s.tokens) + len(p)) - lo for s, p in rows])
+        for s, p in rows:
+            s.from_prediction = bool(p)
+        kept, finished = self._commit_flat([(p, None) for _, p in rows], logits[take], seqs)
+        for (s, _), kp in zip(rows[:-1], kept, strict=False):  # KV of the prompt and the kept positions: the host's
+            s.counters.prefill_tokens_cached += s.n_prompt - 1
+            s.counters.prefill_tokens_computed += 1  # its last prompt token, fed in the host's call
+            self._L.llama_memory_seq_cp(self._mem, host.kv_seq, s.kv_seq, 0, s.n_prompt - 1 + kp)
+        self._L.llama_memory_seq_rm(self._mem, host.kv_seq, n_host - 1 + kept[-1], -1)
+        for s in finished:
+            self._release(s)
+        return [s for s in new if s not in seqs]
 
     def _prefill(self, jobs: list[tuple[int, np.ndarray, int]]) -> None:
         """KV for ``prefix[start:]`` of each (sequence id, prefix, start), all in as few calls as ``n_batch`` allows."""

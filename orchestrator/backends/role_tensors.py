@@ -70,6 +70,8 @@ ROLE_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("spec_decode", "STRING", (1,), "[1] JSON of SpecDecodeConfig (optional)"),
     TensorSpec("stop_count", "INT32", (1,), "[1] finish at the k-th completed stop string (optional, 1)"),
     TensorSpec("max_tokens_per_stop", "INT32", (1,), "[1] length cap after the last completed stop (optional)"),
+    TensorSpec("prediction_ids", "INT32", (-1, -1), "[n, P] predicted continuation ids, right-padded with -1 "
+                                                    "(GenerationRequest.prediction; optional)"),
 )
 #: Outputs of a role model, in ``config.pbtxt`` order (the BLS caller requests them all).
 ROLE_OUTPUTS: tuple[TensorSpec, ...] = (
@@ -123,7 +125,13 @@ def requests_to_arrays(requests: Sequence[GenerationRequest]) -> dict[str, np.nd
         values["stop_count"] = [limits[0]]
     if limits[1] is not None:
         values["max_tokens_per_stop"] = [limits[1]]
-    return {"input_ids": ids, **{name: _IN[name].array(v) for name, v in values.items()}}
+    out = {"input_ids": ids, **{name: _IN[name].array(v) for name, v in values.items()}}
+    if any(r.prediction for r in requests):
+        pred = np.full((n, max(len(r.prediction) for r in requests)), -1, dtype=_IN["prediction_ids"].numpy_dtype)
+        for i, r in enumerate(requests):
+            pred[i, : len(r.prediction)] = r.prediction
+        out["prediction_ids"] = pred
+    return out
 
 
 def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
@@ -171,12 +179,16 @@ def arrays_to_requests(get, encode=None) -> list[GenerationRequest]:
     count_arr, cap_arr = get("stop_count"), get("max_tokens_per_stop")
     stop_count = int(count_arr.reshape(-1)[0]) if count_arr is not None else 1
     per_stop = int(cap_arr.reshape(-1)[0]) if cap_arr is not None else None
+    pred_arr = get("prediction_ids")
+    if pred_arr is not None and (pred_arr.ndim != 2 or pred_arr.shape[0] != n):
+        raise ValueError(f"prediction_ids: expected shape [{n}, P], got {list(pred_arr.shape)}")
     out = []
     for i in range(n):
         sampling = SamplingParams(temperature=temperature[i], top_p=top_p[i], top_k=top_k[i],
                                   seed=None if seed[i] < 0 else seed[i])
+        pred = () if pred_arr is None else tuple(int(t) for t in np.trim_zeros(pred_arr[i] + 1, "b") - 1)
         out.append(GenerationRequest(prompts[i], max_tokens[i], stop, sampling, spec, stop_count=stop_count,
-                                     max_tokens_per_stop=per_stop))
+                                     max_tokens_per_stop=per_stop, prediction=pred))
     return out
 
 

@@ -30,6 +30,14 @@ from .spec_decode import ProposalRow, Proposer, greedy_accepted, make_warpers, v
 
 log = logging.getLogger(__name__)
 
+#: Proposals taken from a request's prediction after the output rejoins it (:meth:`BatchScheduler._predicted`).
+#: Replayed on the demo trio's branches that differ from their drafted step (385 branches, 20 problems; their
+#: first difference is at the first token for half of them): 2 proposals cut their decoding forwards from 14.1 to
+#: 9.4 with 21 positions fed, the whole rest of the prediction to 7.5 forwards with 45 positions, and on llama.cpp,
+#: where a fed position costs about 0.2 of a one-token decode, those extra positions made the target call dearer
+#: (2.96 `ar` steps per cycle against 2.54 without rejoining; benchmarks/journal.md#2026-12-08-predicted-branches).
+REJOIN_TOKENS = 2
+
 
 @dataclass
 class _Group:
@@ -71,6 +79,7 @@ class Seq:
     probs: list = field(default_factory=list)
     features: torch.Tensor | None = None  # [n, F] at the last n committed positions (methods reading features)
     kv_seq: int = -1
+    from_prediction: bool = False  # this step's proposals are the request's prediction (not its spec method)
 
     @property
     def generated(self) -> list[int]:
@@ -297,20 +306,23 @@ class BatchScheduler(FutureEngineMixin, ABC):
 
     # -- decoding --------------------------------------------------------------------------------------
     def _proposals(self) -> list[tuple[list[int], torch.Tensor | None]]:
-        """``(tokens, draft probabilities or None)`` per running row: each row's proposer (by its ``spec.method``)
-        is asked once per step for the rows that use it (:mod:`.spec_decode`)."""
+        """``(tokens, draft probabilities or None)`` per running row: the rest of the row's prediction while it holds
+        (:meth:`_predicted`), otherwise its proposer (by its ``spec.method``), asked once per step for the rows that
+        use it (:mod:`.spec_decode`)."""
         props: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * len(self._running)
         groups: dict[str, list[tuple[int, ProposalRow]]] = {}
         feature_cols = getattr(self, "_feature_cols", {})
         for r, s in enumerate(self._running):
+            room = min(s.req.max_new_tokens - len(s.generated) - 1, self._context - len(s.tokens) - 1)
+            predicted = self._predicted(s, room)
+            s.from_prediction = bool(predicted)
+            if predicted:
+                props[r] = (predicted, None)
+                continue
             spec = s.req.spec
             if not spec.enabled or s.collect_probs:
                 continue
-            room = min(
-                s.spec_k,
-                s.req.max_new_tokens - len(s.generated) - 1,
-                self._context - len(s.tokens) - 1,
-            )
+            room = min(room, s.spec_k)
             if room <= 0:
                 continue
             sampling = s.req.sampling
@@ -324,6 +336,28 @@ class BatchScheduler(FutureEngineMixin, ABC):
             for (r, _), prop in zip(rows, self._proposers[method].propose([row for _, row in rows]), strict=False):
                 props[r] = (prop.tokens, prop.probs)
         return props
+
+    @staticmethod
+    def _predicted(s: Seq, room: int) -> list[int]:
+        """Proposals from ``s``'s ``GenerationRequest.prediction``, at most ``room``: its rest while everything
+        generated so far agrees with it; after a difference, the :data:`REJOIN_TOKENS` that follow the last place in
+        the prediction where the generated text's last 3, 2 or 1 tokens occur (prompt lookup, as vLLM's ``ngram``
+        method, with the prediction as the text searched: a target that words a drafted step differently often
+        rejoins it a token later). Empty when nothing matches."""
+        pred, gen = s.req.prediction, s.tokens[s.n_prompt:]
+        n = len(gen)
+        if room <= 0 or not pred:
+            return []
+        if n < len(pred) and list(pred[:n]) == gen:
+            return list(pred[n:n + room])
+        for width in (3, 2, 1):
+            if n < width:
+                continue
+            tail = gen[-width:]
+            for j in range(len(pred) - width - 1, -1, -1):
+                if list(pred[j:j + width]) == tail:
+                    return list(pred[j + width:j + width + min(room, REJOIN_TOKENS)])
+        return []
 
     def _step_inputs(self, props: list[tuple[list[int], torch.Tensor | None]], width: int):
         """``(ids, real, pos)`` of one decoding step, each ``[rows, width]``: row ``r`` feeds its last token and its
@@ -373,7 +407,8 @@ class BatchScheduler(FutureEngineMixin, ABC):
             kept[r] = self._accept_row(s, len(p), *verdict, width, finished)
         return kept, finished
 
-    def _commit_flat(self, props: list[tuple[list[int], torch.Tensor | None]], logits) -> tuple[list[int], list[Seq]]:
+    def _commit_flat(self, props: list[tuple[list[int], torch.Tensor | None]], logits,
+                     seqs: list[Seq] | None = None) -> tuple[list[int], list[Seq]]:
         """:meth:`_commit` for a step fed without padding (llama.cpp): row ``r`` fed its last token and its
         proposals at consecutive positions, rows one after another.
 
@@ -381,6 +416,7 @@ class BatchScheduler(FutureEngineMixin, ABC):
             props: the step's proposals per row.
             logits: ``[sum over rows of 1 + proposals, vocab]`` float32 numpy array (or tensor), row ``r``'s
                 positions at ``sum(1 + len(props[i][0]) for i < r)`` onwards.
+            seqs: the rows (default: the running batch).
         Returns:
             as :meth:`_commit`; every row counts ``1 + max proposals`` forward positions, as there.
 
@@ -388,7 +424,7 @@ class BatchScheduler(FutureEngineMixin, ABC):
         built for the common one-row, one-position step, whose Python cost is what separates our ``ar`` from
         llama.cpp's own loop.
         """
-        seqs = self._running
+        seqs = self._running if seqs is None else seqs
         width = 1 + max(len(p) for p, _ in props)
         best = logits.argmax(-1).tolist() if any(s.req.sampling.greedy for s in seqs) else None
         kept, finished = [0] * len(seqs), []
@@ -419,7 +455,7 @@ class BatchScheduler(FutureEngineMixin, ABC):
             s.probs.append(probs[-1:])
         s.counters.forward_passes += 1
         s.counters.forward_positions += width
-        if k and s.req.spec.schedule == "heuristic":  # transformers' num_assistant_tokens_schedule
+        if k and s.req.spec.schedule == "heuristic" and not s.from_prediction:  # num_assistant_tokens_schedule
             full = s.req.spec.num_speculative_tokens
             s.spec_k = min(full, s.spec_k + 2) if acc == k else max(1, s.spec_k - 1)
         kept = 0

@@ -80,6 +80,8 @@ class LROptions(BaseModel):
     max_gamma: int = Field(8, ge=0, le=32, description="cap on gamma (and on the adaptive controller)")
     width: int = Field(1, ge=1, le=4, description="draft candidates per depth (sync loop)")
     async_mode: bool = Field(False, alias="async", description="pipelined asynchronous loop")
+    predict_branches: bool = Field(True, description="each target branch predicts the drafted step at its depth "
+                                   "(GenerationRequest.prediction; the output is the same either way)")
     adaptive_gamma: bool = False
     adaptive_load_threshold: int = Field(8, ge=0, le=4096, description="requests in flight at which adaptive gamma "
                                          "stops speculating (0: never for load); raise it where batching is cheap")
@@ -507,9 +509,9 @@ class _Run:
 
     # -- engine calls ----------------------------------------------------------------------------------
     def _request(self, prefix: list[int], budget: int, spec: SpecDecodeConfig,
-                 sampling: SamplingParams) -> GenerationRequest:
+                 sampling: SamplingParams, prediction: Sequence[int] = ()) -> GenerationRequest:
         return GenerationRequest(prefix, max(1, min(self.opts.step.max_step_tokens, budget)), self.stops, sampling,
-                                 spec)
+                                 spec, prediction=tuple(prediction))
 
     def _target_sampling(self, salt: int) -> SamplingParams:
         s = self.opts.sampling
@@ -517,10 +519,15 @@ class _Run:
             return s
         return s.model_copy(update={"seed": (s.seed * 1_000_003 + salt) % (2**63)})
 
-    def _target_requests(self, prefixes: list[list[int]], budgets: list[int]) -> list[GenerationRequest]:
+    def _target_requests(self, prefixes: list[list[int]], budgets: list[int],
+                         chain: Sequence[Step] = ()) -> list[GenerationRequest]:
+        """The target's requests for ``prefixes``; branch ``j`` predicts ``chain[j]`` (the drafted step at its depth,
+        ``GenerationRequest.prediction``): where the target would write the same tokens, they are verified in one
+        forward instead of decoded one by one, and the branch's output is unchanged either way."""
         spec = SpecDecodeConfig() if self.overloaded else self.opts.target_sd
-        return [self._request(p, b, spec, self._target_sampling(len(p)))
-                for p, b in zip(prefixes, budgets, strict=False)]
+        chain = chain if self.opts.predict_branches and not self.overloaded else ()
+        return [self._request(p, b, spec, self._target_sampling(len(p)), chain[j].target_ids if j < len(chain) else ())
+                for j, (p, b) in enumerate(zip(prefixes, budgets, strict=False))]
 
     async def _target_steps(self, prefixes: list[list[int]], budgets: list[int]) -> list[Step]:
         reqs = self._target_requests(prefixes, budgets)
@@ -722,8 +729,12 @@ class _Run:
         chain: list[Step] = []          # candidate 0 per depth
         candidates: list[list[Step]] = []
         used = 0
+        predictions: list[Step] = []  # the drafted steps each branch predicts (one more than it verifies)
         if width == 1 and gamma > 1 and self.draft_ok and getattr(self.reasoner.draft, "supports_stop_count", False):
-            chain = await self._draft_chain(ctx.draft_ids, ctx.remaining, gamma) or []
+            extra = int(self.opts.predict_branches)  # the bonus branch predicts one more drafted step
+            predictions = await self._draft_chain(ctx.draft_ids, ctx.remaining, gamma + extra) or []
+            chain = predictions[:gamma]
+            self.metrics.drafted_steps -= len(predictions) - len(chain)
             candidates = [[d] for d in chain]
             gamma_left = 0
         else:
@@ -742,6 +753,7 @@ class _Run:
             if cands[0].finish != "stop":
                 break  # EOS or a cut step: nothing sensible follows it
         keep = self._verify_depth(len(chain))
+        predictions = predictions or chain
         chain, candidates = chain[:keep], candidates[:keep]
         prefixes, budgets = [], []
         used = 0
@@ -752,20 +764,22 @@ class _Run:
             budgets.append(ctx.remaining - used)
             if j < len(chain):
                 used += len(chain[j].target_ids)
-        return await self._verify_branches(prefixes, budgets, chain, candidates, gamma)
+        return await self._verify_branches(prefixes, budgets, chain, candidates, gamma, predictions)
 
     async def _verify_branches(self, prefixes: list[list[int]], budgets: list[int], chain: list[Step],
-                               candidates: list[list[Step]], gamma: int) -> list[StepEvent]:
+                               candidates: list[list[Step]], gamma: int,
+                               predictions: Sequence[Step] = ()) -> list[StepEvent]:
         """The cycle's target call and its verification (the paper's Algorithm 1, steps 2-3).
 
-        All ``len(prefixes)`` branches run in one engine group (:func:`start_requests`); once all are done, the
+        All ``len(prefixes)`` branches run in one engine group (:func:`start_requests`), branch ``j`` predicting the
+        drafted step ``predictions[j]`` (:meth:`_target_requests`; default: ``chain``); once all are done, the
         drafted step(s) of every depth are judged in one judge call and decided in depth order: the drafts up to
         the first rejection are committed, then ``t_j`` of that depth (or the bonus step if every draft holds).
         ``metrics.target.seconds`` counts the call's wall time.
         """
         t0 = time.perf_counter()
         deadline = t0 + self.opts.target_timeout_s if self.opts.target_timeout_s else None
-        group = start_requests(self.reasoner.target, self._target_requests(prefixes, budgets))
+        group = start_requests(self.reasoner.target, self._target_requests(prefixes, budgets, predictions or chain))
         # All branches first: judging each as it finished (and cancelling deeper ones) was measured within noise
         # (8.72 s against 8.89 s; branches end within a forward of each other) and made the judge's batches depend
         # on timing, so a near-tie verdict of the llm judge could differ between runs and between in-process and
