@@ -729,12 +729,8 @@ class _Run:
         chain: list[Step] = []          # candidate 0 per depth
         candidates: list[list[Step]] = []
         used = 0
-        predictions: list[Step] = []  # the drafted steps each branch predicts (one more than it verifies)
         if width == 1 and gamma > 1 and self.draft_ok and getattr(self.reasoner.draft, "supports_stop_count", False):
-            extra = int(self.opts.predict_branches)  # the bonus branch predicts one more drafted step
-            predictions = await self._draft_chain(ctx.draft_ids, ctx.remaining, gamma + extra) or []
-            chain = predictions[:gamma]
-            self.metrics.drafted_steps -= len(predictions) - len(chain)
+            chain = await self._draft_chain(ctx.draft_ids, ctx.remaining, gamma) or []
             candidates = [[d] for d in chain]
             gamma_left = 0
         else:
@@ -753,7 +749,7 @@ class _Run:
             if cands[0].finish != "stop":
                 break  # EOS or a cut step: nothing sensible follows it
         keep = self._verify_depth(len(chain))
-        predictions = predictions or chain
+        predictions = chain  # all drafted steps: with a lowered cap, the bonus branch still predicts the next one
         chain, candidates = chain[:keep], candidates[:keep]
         prefixes, budgets = [], []
         used = 0
