@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The serving comparison: `bench` (closed loop, concurrency 1 and 4) against llama-server serving the demo target
-# with its speculative decoding (default: draft-simple with the demo draft, 4 tokens: the peer's best mode in
+# with its speculative decoding (draft-simple with the demo draft, 8 tokens: the peer's best mode in
 # benchmarks/llamacpp_peer.py), then against our `serve --profile demo-llamacpp`, same prompts (held-out synthetic
 # problems), same token budget, one after the other on the same machine. Every server binds 127.0.0.1 and is stopped.
 #
@@ -23,7 +23,7 @@ wait_http() { for _ in $(seq 1 300); do curl -sf "$1" >/dev/null 2>&1 && return 
 
 P=$(port)
 "$BIN/llama-server" -m engines/demo/gguf/target-f32.gguf -md engines/demo/gguf/draft-f32.gguf \
-  --spec-type draft-simple --spec-draft-n-max 4 -td 1 -t 1 -tb 1 -c 16384 -np 4 -fa off --temp 0 --top-k 1 \
+  --spec-type draft-simple --spec-draft-n-max 8 -td 1 -t 1 -tb 1 -c 16384 -np 4 -fa off --temp 0 --top-k 1 \
   --no-webui --host 127.0.0.1 --port "$P" > "$OUT/llama-server.log" 2>&1 &
 LS=$!
 LR=""
@@ -39,7 +39,7 @@ G=$(port); H=$(port); M=$(port)
   > "$OUT/serve.log" 2>&1 &
 LR=$!
 wait_http "http://127.0.0.1:$H/v2/health/ready"
-.venv/bin/lookahead-reasoning bench --url "127.0.0.1:$G" --concurrency 1,4 --requests "$N" --modes ar,lr+sd \
+.venv/bin/lookahead-reasoning bench --url "127.0.0.1:$G" --concurrency 1,4 --requests "$N" --modes ar,lr,lr+sd \
   --max-tokens 800 --no-progress --out "$OUT/ours.json"
 stop "$LR"; LR=""
 echo "summaries: $OUT/llama_server.md $OUT/ours.md"

@@ -18,8 +18,8 @@ with the portable engine: request groups, in-flight batching, cancellation, SD v
   ``j``'s prompt: one ``llama_decode`` of the longest prompt's uncached part returns the logits that verify every
   branch's prediction, so a branch whose step the target writes as drafted is done in that call
   (:meth:`LlamaCppEngine._admit_predicted`). Before, the drafted text was prefilled, then fed again as each
-  branch's first proposals: the cycle's target call cost 3.56 `ar` steps, with this 2.54 (12 demo problems,
-  benchmarks/journal.md#2026-12-08-predicted-branches).
+  branch's first proposals. Without predictions a cycle's target call cost 3.51 `ar` steps, with them 2.71 (200 demo
+  problems, benchmarks/journal.md#2026-12-08-predicted-branches).
 - **Sampling in torch.** llama.cpp returns the logits of each fed position (``llama_get_logits``); greedy picks
   the argmax, sampling runs transformers' ``TemperatureLogitsWarper`` -> ``TopKLogitsWarper`` ->
   ``TopPLogitsWarper`` with a per-request seeded ``torch.Generator``, exactly as the portable engine does

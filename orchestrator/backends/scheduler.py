@@ -313,14 +313,17 @@ class BatchScheduler(FutureEngineMixin, ABC):
         groups: dict[str, list[tuple[int, ProposalRow]]] = {}
         feature_cols = getattr(self, "_feature_cols", {})
         for r, s in enumerate(self._running):
-            room = min(s.req.max_new_tokens - len(s.generated) - 1, self._context - len(s.tokens) - 1)
+            spec = s.req.spec
+            s.from_prediction = False
+            if not (s.req.prediction or spec.enabled) or s.collect_probs:
+                continue  # the common plain row: no work per step
+            room = min(s.req.max_new_tokens - (len(s.tokens) - s.n_prompt) - 1, self._context - len(s.tokens) - 1)
             predicted = self._predicted(s, room)
-            s.from_prediction = bool(predicted)
             if predicted:
+                s.from_prediction = True
                 props[r] = (predicted, None)
                 continue
-            spec = s.req.spec
-            if not spec.enabled or s.collect_probs:
+            if not spec.enabled:
                 continue
             room = min(room, s.spec_k)
             if room <= 0:
@@ -344,10 +347,11 @@ class BatchScheduler(FutureEngineMixin, ABC):
         the prediction where the generated text's last 3, 2 or 1 tokens occur (prompt lookup, as vLLM's ``ngram``
         method, with the prediction as the text searched: a target that words a drafted step differently often
         rejoins it a token later). Empty when nothing matches."""
-        pred, gen = s.req.prediction, s.tokens[s.n_prompt:]
-        n = len(gen)
+        pred = s.req.prediction
         if room <= 0 or not pred:
             return []
+        gen = s.tokens[s.n_prompt:]
+        n = len(gen)
         if n < len(pred) and list(pred[:n]) == gen:
             return list(pred[n:n + room])
         for width in (3, 2, 1):
