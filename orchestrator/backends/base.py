@@ -110,12 +110,13 @@ class GenerationRequest:
         max_tokens_per_stop: with ``stop_count``, finish (``length``) when this many tokens follow the last
             completed stop string without another (a step's ``max_step_tokens``); None: no such cap.
         prediction: token ids the continuation is expected to start with (OpenAI's "Predicted Outputs", a
-            ``prediction`` of known content): the in-process engines propose them as token-level SD proposals
-            before any ``spec`` method, and after a token the model words differently, the prediction's text that
-            follows where the output rejoins it (prompt lookup within the prediction). The output is
-            what it would be without them (greedy: identical; sampled: target-distributed, speculative rejection
-            sampling with one-hot ``q``); only the number of forwards changes. A Lookahead Reasoning branch
-            predicts the drafted step at its depth. Backends that cannot use it ignore it.
+            ``prediction`` of known content): the in-process engines propose them as token-level SD proposals, in
+            place of the ``spec`` method's, while the output agrees with them; after a difference the ``spec`` method
+            proposes, or without one the 2 prediction tokens that follow where the output rejoins the prediction
+            (prompt lookup within it). The output is what it would be without them (greedy: identical, on llama.cpp
+            within its batch variance; sampled: target-distributed, speculative rejection sampling with one-hot
+            ``q``); only the number of forwards changes, and the proposals count as drafted / accepted tokens. A
+            Lookahead Reasoning branch predicts the drafted step at its depth. Backends that cannot use it ignore it.
     """
 
     prompt_ids: tuple[int, ...]

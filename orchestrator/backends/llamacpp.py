@@ -237,11 +237,12 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
 
         Args:
             tokens, pos, seqs: equal-length int sequences (lists or arrays).
-            logits: whether to return logits, for the triples from index ``logits_from`` on.
+            logits: whether to return logits.
+            logits_from: the first triple whose logits are returned (with ``logits``).
         Returns:
-            ``[n - logits_from, vocab]`` float32 logits when ``logits`` (a view of llama.cpp's buffer when one call
-            sufficed: valid until the next ``llama_decode``), else None. A full KV cache evicts cached sequences
-            (least recently used first) and retries.
+            ``[n - logits_from, vocab]`` float32 logits when ``logits`` (a view of llama.cpp's buffer when only the
+            last call returned logits: valid until the next ``llama_decode``), else None. A full KV cache evicts
+            cached sequences (least recently used first) and retries.
 
         Raises:
             RuntimeError: llama_decode failed, or the KV cache is full with nothing left to evict (naming
@@ -332,19 +333,22 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         """Prefill and first step in ONE ``llama_decode`` for the new rows whose prompt and prediction lie on the
         longest prompt plus its prediction (a Lookahead Reasoning cycle: branch ``j`` is the context plus drafts
         ``0..j-1`` and predicts draft ``j``, so the longest branch's prompt holds every other branch's prompt and
-        prediction). That ``host`` row feeds its uncached prompt and its prediction; the logits of the fed
+        prediction). That ``host`` row feeds its prompt from its first uncached position (or from the first position
+        whose logits a row needs, if that comes earlier) and its prediction; the logits of the fed
         positions verify every such row's prediction at once (:meth:`~.scheduler.BatchScheduler._commit_flat`,
         as a decoding step would), each row copies the host's KV up to what it kept (``llama_memory_seq_cp``), and
         the drafted text is computed once instead of once in the prefill and again in each branch's first step.
 
         Returns:
-            the rows left for the ordinary admission (none of them is the host then: it is running).
+            the rows left for the ordinary admission (never the host: it is running, or finished in the call).
         """
         host = new[-1]
         room = min(host.req.max_new_tokens - 1, self._context - len(host.tokens) - 1)
-        feed = host.tokens + self._predicted(host, room)
+        feed = host.tokens + ([] if host.collect_probs else self._predicted(host, room))
         rows = []
         for s in new[:-1]:
+            if s.collect_probs:  # draft-model proposals record one distribution per step: no predictions
+                continue
             m = len(s.tokens)
             pred = self._predicted(s, min(s.req.max_new_tokens - 1, self._context - m - 1))
             k = 0
@@ -376,7 +380,8 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
         self._L.llama_memory_seq_rm(self._mem, host.kv_seq, n_host - 1 + kept[-1], -1)
         for s in finished:
             self._release(s)
-        return [s for s in new if s not in seqs]
+        fused = {id(s) for s in seqs}
+        return [s for s in new if id(s) not in fused]
 
     def _prefill(self, jobs: list[tuple[int, np.ndarray, int]]) -> None:
         """KV for ``prefix[start:]`` of each (sequence id, prefix, start), all in as few calls as ``n_batch`` allows."""

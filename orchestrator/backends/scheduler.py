@@ -318,7 +318,7 @@ class BatchScheduler(FutureEngineMixin, ABC):
             if not (s.req.prediction or spec.enabled) or s.collect_probs:
                 continue  # the common plain row: no work per step
             room = min(s.req.max_new_tokens - (len(s.tokens) - s.n_prompt) - 1, self._context - len(s.tokens) - 1)
-            predicted = self._predicted(s, room)
+            predicted = self._predicted(s, room, rejoin=not spec.enabled)
             if predicted:
                 s.from_prediction = True
                 props[r] = (predicted, None)
@@ -341,12 +341,13 @@ class BatchScheduler(FutureEngineMixin, ABC):
         return props
 
     @staticmethod
-    def _predicted(s: Seq, room: int) -> list[int]:
+    def _predicted(s: Seq, room: int, rejoin: bool = True) -> list[int]:
         """Proposals from ``s``'s ``GenerationRequest.prediction``, at most ``room``: its rest while everything
-        generated so far agrees with it; after a difference, the :data:`REJOIN_TOKENS` that follow the last place in
-        the prediction where the generated text's last 3, 2 or 1 tokens occur (prompt lookup, as vLLM's ``ngram``
-        method, with the prediction as the text searched: a target that words a drafted step differently often
-        rejoins it a token later). Empty when nothing matches."""
+        generated so far agrees with it; after a difference (with ``rejoin``, which the caller sets for rows without
+        a ``spec`` method), the :data:`REJOIN_TOKENS` that follow the last place in the prediction where the
+        generated text's last 3, 2 or 1 tokens occur (prompt lookup, as vLLM's ``ngram`` method, with the prediction
+        as the text searched: a target that words a drafted step differently often rejoins it a token later).
+        Empty when nothing matches."""
         pred = s.req.prediction
         if room <= 0 or not pred:
             return []
@@ -354,6 +355,8 @@ class BatchScheduler(FutureEngineMixin, ABC):
         n = len(gen)
         if n < len(pred) and list(pred[:n]) == gen:
             return list(pred[n:n + room])
+        if not rejoin:
+            return []
         for width in (3, 2, 1):
             if n < width:
                 continue

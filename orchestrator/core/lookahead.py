@@ -81,7 +81,8 @@ class LROptions(BaseModel):
     width: int = Field(1, ge=1, le=4, description="draft candidates per depth (sync loop)")
     async_mode: bool = Field(False, alias="async", description="pipelined asynchronous loop")
     predict_branches: bool = Field(True, description="each target branch predicts the drafted step at its depth "
-                                   "(GenerationRequest.prediction; the output is the same either way)")
+                                   "(GenerationRequest.prediction: greedy output the same, sampled output the "
+                                   "same distribution; sync loop only)")
     adaptive_gamma: bool = False
     adaptive_load_threshold: int = Field(8, ge=0, le=4096, description="requests in flight at which adaptive gamma "
                                          "stops speculating (0: never for load); raise it where batching is cheap")
@@ -523,7 +524,7 @@ class _Run:
                          chain: Sequence[Step] = ()) -> list[GenerationRequest]:
         """The target's requests for ``prefixes``; branch ``j`` predicts ``chain[j]`` (the drafted step at its depth,
         ``GenerationRequest.prediction``): where the target would write the same tokens, they are verified in one
-        forward instead of decoded one by one, and the branch's output is unchanged either way."""
+        forward instead of decoded one by one; greedy output is the same, sampled output has the same distribution."""
         spec = SpecDecodeConfig() if self.overloaded else self.opts.target_sd
         chain = chain if self.opts.predict_branches and not self.overloaded else ()
         return [self._request(p, b, spec, self._target_sampling(len(p)), chain[j].target_ids if j < len(chain) else ())
@@ -749,7 +750,7 @@ class _Run:
             if cands[0].finish != "stop":
                 break  # EOS or a cut step: nothing sensible follows it
         keep = self._verify_depth(len(chain))
-        predictions = chain  # all drafted steps: with a lowered cap, the bonus branch still predicts the next one
+        predictions = chain  # all drafted steps: only when the load cap cut the chain does the bonus branch predict one
         chain, candidates = chain[:keep], candidates[:keep]
         prefixes, budgets = [], []
         used = 0
