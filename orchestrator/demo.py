@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from .serving.server import ServerConfig, TritonServer, free_port, prepare_repository
 
     p = argparse.ArgumentParser(prog="lookahead_reasoning.demo", description=__doc__)
-    # demo-llamacpp by default: of the two demo profiles it is the faster in tokens/s (its lr+sd 454 tok/s against the
+    # demo-llamacpp by default: of the two demo profiles it is the faster in tokens/s (its lr+sd 577 tok/s against the
     # portable profile's 151 on 200 problems, machine G; RESULTS.md, "Lookahead Reasoning over llama.cpp").
     p.add_argument("--profile", default="demo-llamacpp")
     p.add_argument("--problems", type=int, default=6)
@@ -164,12 +164,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: What the demo shows, from the measurements in benchmarks/RESULTS.md (rewritten when they change).
-CLOSING = ("Measured on 2 CPU cores (benchmarks/RESULTS.md, \"Lookahead Reasoning over llama.cpp\", 2026-12-07, 200 "
-           "held-out problems, greedy, one run): llama.cpp decodes this target at 613 tok/s and its own draft-model "
-           "speculative decoding (llama-server, 8 draft tokens) at 957; our lr+sd runs 454 tok/s on llama.cpp (0.74x "
-           "llama.cpp's plain decoding: a batched branch call costs 3.4 ar steps there, against 1.2 on the portable "
-           "engine) and 151 on the portable engine, where it is 2.75x that engine's own ar (55 tok/s). A CPU user is "
-           "better served by llama.cpp's own speculative decoding today. The ratios above are this run's.")
+CLOSING = ("Measured on 2 CPU cores (benchmarks/RESULTS.md, \"Lookahead Reasoning over llama.cpp\", 2026-12-08, 200 "
+           "held-out problems, greedy, one run): llama.cpp decodes this target at 643 tok/s and its own draft-model "
+           "speculative decoding (llama-server, 8 draft tokens) at 948; our lr+sd runs 577 tok/s on llama.cpp (0.90x "
+           "llama.cpp's plain decoding; lr 607, 0.94x: verifying a drafted token costs ~0.25 of a decode there) and "
+           "151 on the portable engine, where it is 2.75x that engine's own ar (55 tok/s). A CPU user is better "
+           "served by llama.cpp's own speculative decoding today. The ratios above are this run's.")
 
 
 if __name__ == "__main__":
