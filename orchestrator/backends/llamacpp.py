@@ -256,10 +256,10 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             self._batch.n_tokens = n
             self._b_token[:n] = tokens[a:a + n]
             self._b_pos[:n] = pos[a:a + n]
-            self._b_logits[:n] = 0
-            if logits:
-                self._b_logits[max(0, logits_from - a):n] = 1
-            n_out = n - max(0, min(n, logits_from - a)) if logits else 0
+            first = min(n, max(0, logits_from - a)) if logits else n  # this chunk's first triple with logits
+            self._b_logits[:first] = 0
+            self._b_logits[first:n] = 1
+            n_out = n - first
             for i in range(n):
                 seq_id[i][0] = seqs[a + i]
             t0 = time.perf_counter()
@@ -343,18 +343,17 @@ class LlamaCppEngine(BatchScheduler, TokenizerAccess):
             the rows left for the ordinary admission (never the host: it is running, or finished in the call).
         """
         host = new[-1]
-        room = min(host.req.max_new_tokens - 1, self._context - len(host.tokens) - 1)
-        feed = host.tokens + ([] if host.collect_probs else self._predicted(host, room))
+        feed = host.tokens + ([] if host.collect_probs else self._predicted(host, self._room(host)))
         rows = []
         for s in new[:-1]:
-            if s.collect_probs:  # draft-model proposals record one distribution per step: no predictions
-                continue
             m = len(s.tokens)
-            pred = self._predicted(s, min(s.req.max_new_tokens - 1, self._context - m - 1))
+            if s.collect_probs or feed[:m] != s.tokens:  # draft-model proposal rows take no predictions
+                continue
+            pred = self._predicted(s, self._room(s))
             k = 0
             while k < len(pred) and m + k < len(feed) and pred[k] == feed[m + k]:
                 k += 1
-            if k and feed[:m] == s.tokens:
+            if k:
                 rows.append((s, pred[:k]))
         if not rows and len(feed) == len(host.tokens):
             return new

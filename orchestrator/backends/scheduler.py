@@ -317,7 +317,7 @@ class BatchScheduler(FutureEngineMixin, ABC):
             s.from_prediction = False
             if not (s.req.prediction or spec.enabled) or s.collect_probs:
                 continue  # the common plain row: no work per step
-            room = min(s.req.max_new_tokens - (len(s.tokens) - s.n_prompt) - 1, self._context - len(s.tokens) - 1)
+            room = self._room(s)
             predicted = self._predicted(s, room, rejoin=not spec.enabled)
             if predicted:
                 s.from_prediction = True
@@ -339,6 +339,11 @@ class BatchScheduler(FutureEngineMixin, ABC):
             for (r, _), prop in zip(rows, self._proposers[method].propose([row for _, row in rows]), strict=False):
                 props[r] = (prop.tokens, prop.probs)
         return props
+
+    def _room(self, s: Seq) -> int:
+        """How many proposals row ``s`` can take this step: one token of its budget and of the context window is
+        the step's own (the correction or bonus token)."""
+        return min(s.req.max_new_tokens - (len(s.tokens) - s.n_prompt) - 1, self._context - len(s.tokens) - 1)
 
     @staticmethod
     def _predicted(s: Seq, room: int, rejoin: bool = True) -> list[int]:

@@ -765,18 +765,18 @@ class _Run:
 
     async def _verify_branches(self, prefixes: list[list[int]], budgets: list[int], chain: list[Step],
                                candidates: list[list[Step]], gamma: int,
-                               predictions: Sequence[Step] = ()) -> list[StepEvent]:
+                               predictions: Sequence[Step]) -> list[StepEvent]:
         """The cycle's target call and its verification (the paper's Algorithm 1, steps 2-3).
 
         All ``len(prefixes)`` branches run in one engine group (:func:`start_requests`), branch ``j`` predicting the
-        drafted step ``predictions[j]`` (:meth:`_target_requests`; default: ``chain``); once all are done, the
+        drafted step ``predictions[j]`` (:meth:`_target_requests`); once all are done, the
         drafted step(s) of every depth are judged in one judge call and decided in depth order: the drafts up to
         the first rejection are committed, then ``t_j`` of that depth (or the bonus step if every draft holds).
         ``metrics.target.seconds`` counts the call's wall time.
         """
         t0 = time.perf_counter()
         deadline = t0 + self.opts.target_timeout_s if self.opts.target_timeout_s else None
-        group = start_requests(self.reasoner.target, self._target_requests(prefixes, budgets, predictions or chain))
+        group = start_requests(self.reasoner.target, self._target_requests(prefixes, budgets, predictions))
         # All branches first: judging each as it finished (and cancelling deeper ones) was measured within noise
         # (8.72 s against 8.89 s; branches end within a forward of each other) and made the judge's batches depend
         # on timing, so a near-tie verdict of the llm judge could differ between runs and between in-process and
